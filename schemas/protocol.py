@@ -1,0 +1,228 @@
+"""The manager <-> agent protocol: typed messages, one model per op.
+
+Wire format: JSON text frames. Requests `{"id", "op", "args"}`; replies `{"id", "result"}` or
+`{"id", "error": {"code", "message", "field"}}`; agent pushes `{"event", "data"}`. Artifact bytes travel
+as binary frames between an `artifact` event and the `collect` reply. The JSON Schema files under
+`schemas/protocol/` are generated from these models (`python -m schemas.generate`) and a test keeps
+them in step; both sides validate every message against those files at the boundary.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.hoststate import HostState
+
+PROTOCOL_VERSION = 1
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------- op arguments
+
+class HelloArgs(_Msg):
+    client: str = Field(description="manager identity, for the agent's log")
+    hmac: str = Field(pattern=r"^[0-9a-f]{64}$", description="hex HMAC-SHA256(token, challenge nonce)")
+    protocol: int = PROTOCOL_VERSION
+
+
+class ApplyArgs(_Msg):
+    run_id: str
+    state: HostState
+
+
+class ClockArgs(_Msg):
+    t1_ns: int = Field(description="manager CLOCK_REALTIME when the request was sent")
+
+
+class _TaskBase(_Msg):
+    task_id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    start_ns: int = Field(description="absolute CLOCK_REALTIME start time")
+
+
+class Iperf3ServerTask(_TaskBase):
+    kind: Literal["iperf3_server"] = "iperf3_server"
+    port: int = Field(ge=1024, le=65535)
+
+
+class Iperf3ClientTask(_TaskBase):
+    kind: Literal["iperf3_client"] = "iperf3_client"
+    port: int = Field(ge=1024, le=65535)
+    dst_addr: str
+    cc: str = Field(pattern=r"^[a-z0-9_]{1,32}$")
+    duration_s: float = Field(gt=0, le=3600)
+    interval_s: float = Field(default=0.1, ge=0.1, le=60)
+
+
+class CaptureTask(_TaskBase):
+    kind: Literal["capture"] = "capture"
+    interface: str
+    stop_ns: int
+    snaplen: int = Field(default=128, ge=96, le=65535)
+    buffer_kib: int = Field(default=32768, ge=1024)
+
+
+class TcpProbeTask(_TaskBase):
+    kind: Literal["tcp_probe"] = "tcp_probe"
+    ports: list[int] = Field(min_length=1, max_length=64)
+    stop_ns: int
+    buffer_kib: int = Field(default=16384, ge=1024)
+
+
+class QdiscStatsTask(_TaskBase):
+    kind: Literal["qdisc_stats"] = "qdisc_stats"
+    interface: str
+    stop_ns: int
+    interval_ms: int = Field(default=10, ge=1, le=10000)
+
+
+Task = Annotated[
+    Union[Iperf3ServerTask, Iperf3ClientTask, CaptureTask, TcpProbeTask, QdiscStatsTask],
+    Field(discriminator="kind"),
+]
+
+
+class ScheduleArgs(_Msg):
+    run_id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$")
+    tasks: list[Task] = Field(min_length=1)
+
+
+class CollectArgs(_Msg):
+    run_id: str
+    timeout_s: float = Field(default=120, gt=0, le=7200)
+
+
+class Empty(_Msg):
+    pass
+
+
+OP_ARGS: dict[str, type[_Msg]] = {
+    "hello": HelloArgs,
+    "clock": ClockArgs,
+    "apply": ApplyArgs,
+    "schedule": ScheduleArgs,
+    "status": Empty,
+    "stop": Empty,
+    "collect": CollectArgs,
+    "reset": Empty,
+    "bye": Empty,
+}
+
+
+class Request(_Msg):
+    id: int = Field(ge=0)
+    op: Literal["hello", "clock", "apply", "schedule", "status", "stop", "collect", "reset", "bye"]
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- results
+
+class Capabilities(_Msg):
+    kernel_release: str
+    qdiscs: list[str] = Field(description="qdisc kinds the kernel really accepted when probed")
+    congestion_controls: list[str] = Field(description="net.ipv4.tcp_available_congestion_control")
+    allowed_congestion_controls: list[str]
+    offload_features: dict[str, dict[str, bool]] = Field(
+        description="per interface: feature (ethtool -k name) -> settable (not [fixed])")
+    tools: dict[str, str] = Field(description="tool -> version string")
+    tracepoints: list[str]
+
+
+class HelloResult(_Msg):
+    agent_version: str
+    protocol: int
+    hostname: str
+    interfaces: list[str] = Field(description="the allow-listed data interfaces")
+    capabilities: Capabilities
+
+
+class InterfaceReadback(_Msg):
+    tc_qdisc: list[dict[str, Any]] = Field(description="literal `tc -s -d -j qdisc show dev IF`")
+    tc_class_text: str = Field(description="literal `tc -s -d class show dev IF`")
+    htb_classes: list[dict[str, Any]] = Field(description="htb class parameters read over netlink")
+    features: dict[str, dict[str, Any]] = Field(description="literal `ethtool --json -k IF` entries")
+
+
+class Readback(_Msg):
+    kernel_release: str
+    sysctls: dict[str, str]
+    interfaces: dict[str, InterfaceReadback]
+
+
+class ApplyResult(_Msg):
+    readback: Readback
+
+
+class ClockResult(_Msg):
+    t2_ns: int
+    t3_ns: int
+
+
+class ScheduleResult(_Msg):
+    accepted: list[str]
+
+
+class TaskStatus(_Msg):
+    task_id: str
+    kind: str
+    state: Literal["scheduled", "running", "done", "failed"]
+    detail: str = ""
+
+
+class StatusResult(_Msg):
+    run_id: str | None
+    tasks: list[TaskStatus]
+
+
+class ArtifactInfo(_Msg):
+    name: str
+    task_id: str
+    kind: str
+    size: int
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+
+class CollectResult(_Msg):
+    run_id: str
+    artifacts: list[ArtifactInfo]
+    tasks: list[TaskStatus]
+
+
+class ResetResult(_Msg):
+    restored: bool
+    differences: list[str]
+
+
+RESULTS: dict[str, type[_Msg]] = {
+    "hello": HelloResult,
+    "clock": ClockResult,
+    "apply": ApplyResult,
+    "schedule": ScheduleResult,
+    "status": StatusResult,
+    "stop": StatusResult,
+    "collect": CollectResult,
+    "reset": ResetResult,
+    "bye": Empty,
+}
+
+
+class ErrorBody(_Msg):
+    code: Literal["bad_request", "unauthenticated", "unknown_op", "invalid_args", "refused",
+                  "failed", "busy", "protocol"]
+    message: str
+    field: str | None = None
+
+
+class Reply(_Msg):
+    id: int | None
+    result: dict[str, Any] | None = None
+    error: ErrorBody | None = None
+
+
+class Event(_Msg):
+    event: Literal["challenge", "artifact", "log", "task"]
+    data: dict[str, Any]
