@@ -5,7 +5,7 @@ plan layer, so an agent never interprets a human-written string.
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -42,7 +42,7 @@ class Bfifo(_Strict):
     limit_bytes: int = Field(gt=0)
 
 
-QdiscStage = Annotated[Union[Htb, Tbf, Pfifo, Bfifo], Field(discriminator="kind")]
+QdiscStage = Annotated[Htb | Tbf | Pfifo | Bfifo, Field(discriminator="kind")]
 
 CLASSFUL_KINDS = frozenset({"htb"})
 

@@ -8,7 +8,7 @@ them in step; both sides validate every message against those files at the bound
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -80,7 +80,7 @@ class QdiscStatsTask(_TaskBase):
 
 
 Task = Annotated[
-    Union[Iperf3ServerTask, Iperf3ClientTask, CaptureTask, TcpProbeTask, QdiscStatsTask],
+    Iperf3ServerTask | Iperf3ClientTask | CaptureTask | TcpProbeTask | QdiscStatsTask,
     Field(discriminator="kind"),
 ]
 

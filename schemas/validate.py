@@ -6,7 +6,7 @@ carrying the op and the field path, which the agent turns into a coded error rep
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ class ProtocolError(Exception):
         self.detail = message
 
 
-@lru_cache(maxsize=None)
+@cache
 def _validator(name: str) -> Draft202012Validator:
     schema = json.loads((PROTOCOL_DIR / f"{name}.schema.json").read_text())
     return Draft202012Validator(schema)

@@ -1,0 +1,105 @@
+"""Capability probe: what this host can really do, found by trying (never assumed from the kernel name).
+
+Qdisc kinds are probed by adding each one, with minimal valid parameters, to a throw-away veth pair the
+agent creates inside its own namespace (so no allow-listed or foreign interface is touched).
+"""
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+from agents import procs
+from agents.host.argv import OFFLOAD_LONG_NAMES
+from agents.host.state import read_features
+from schemas.protocol import Capabilities
+
+# minimal parameters each qdisc needs to be accepted as a root qdisc
+QDISC_PROBES: dict[str, list[str]] = {
+    "pfifo": ["pfifo", "limit", "10"],
+    "bfifo": ["bfifo", "limit", "10000"],
+    "pfifo_fast": ["pfifo_fast"],
+    "htb": ["htb"],
+    "tbf": ["tbf", "rate", "1mbit", "burst", "10000", "limit", "10000"],
+    "netem": ["netem", "delay", "1ms"],
+    "red": ["red", "limit", "400000", "min", "30000", "max", "90000", "avpkt", "1000", "burst", "55",
+            "bandwidth", "10mbit", "probability", "0.1"],
+    "fq": ["fq"],
+    "fq_codel": ["fq_codel"],
+    "codel": ["codel"],
+    "pie": ["pie"],
+    "fq_pie": ["fq_pie"],
+    "cake": ["cake"],
+    "dualpi2": ["dualpi2"],
+    "sfq": ["sfq"],
+    "prio": ["prio"],
+}
+
+TRACEFS_ROOTS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
+TOOLS = {
+    "iperf3": ["iperf3", "--version"],
+    "tcpdump": ["tcpdump", "--version"],
+    "tc": ["tc", "-V"],
+    "ethtool": ["ethtool", "--version"],
+    "ip": ["ip", "-V"],
+}
+
+
+def tracefs_root() -> Path | None:
+    for root in TRACEFS_ROOTS:
+        if (root / "instances").is_dir():
+            return root
+    return None
+
+
+def probe_qdiscs() -> list[str]:
+    suffix = secrets.token_hex(3)
+    dev, peer = f"tlp{suffix}a", f"tlp{suffix}b"
+    procs.run(["ip", "link", "add", dev, "type", "veth", "peer", "name", peer])
+    try:
+        ok = []
+        for kind, params in QDISC_PROBES.items():
+            if procs.run(["tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", *params],
+                         check=False).returncode == 0:
+                ok.append(kind)
+                procs.run(["tc", "qdisc", "del", "dev", dev, "root"], check=False)
+        if procs.run(["tc", "qdisc", "add", "dev", dev, "clsact"], check=False).returncode == 0:
+            ok.append("clsact")
+        return sorted(ok)
+    finally:
+        procs.run(["ip", "link", "del", dev], check=False)
+
+
+def _first_line(argv: list[str]) -> str:
+    try:
+        done = procs.run(argv, check=False, timeout=5)
+    except FileNotFoundError:
+        return "missing"
+    text = (done.stdout or done.stderr).strip().splitlines()
+    return text[0] if text else "unknown"
+
+
+def _words(path: str) -> list[str]:
+    p = Path(path)
+    return p.read_text().split() if p.exists() else []
+
+
+def probe(interfaces: list[str]) -> Capabilities:
+    root = tracefs_root()
+    tracepoints = []
+    if root and (root / "events/tcp/tcp_probe").is_dir():
+        tracepoints.append("tcp:tcp_probe")
+    features: dict[str, dict[str, bool]] = {}
+    for dev in interfaces:
+        feats = read_features(dev)
+        features[dev] = {short: not bool(feats[long].get("fixed"))
+                         for short, long in OFFLOAD_LONG_NAMES.items() if long in feats}
+    return Capabilities(
+        kernel_release=os.uname().release,
+        qdiscs=probe_qdiscs(),
+        congestion_controls=_words("/proc/sys/net/ipv4/tcp_available_congestion_control"),
+        allowed_congestion_controls=_words("/proc/sys/net/ipv4/tcp_allowed_congestion_control"),
+        offload_features=features,
+        tools={name: _first_line(argv) for name, argv in TOOLS.items()},
+        tracepoints=tracepoints,
+    )

@@ -1,0 +1,46 @@
+"""Running external tools: argv lists only (never a shell), results captured, failures typed."""
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from dataclasses import dataclass
+
+
+class CommandFailed(Exception):
+    def __init__(self, argv: list[str], returncode: int, stderr: str):
+        self.argv, self.returncode, self.stderr = argv, returncode, stderr.strip()
+        super().__init__(f"{' '.join(argv)} exited {returncode}: {self.stderr}")
+
+
+@dataclass(frozen=True)
+class Completed:
+    argv: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run(argv: list[str], check: bool = True, timeout: float = 30.0) -> Completed:
+    """Run a short tool invocation synchronously (tc, ethtool, ip): they take milliseconds."""
+    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+        raise TypeError("argv must be a list of str")
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    done = Completed(argv, proc.returncode, proc.stdout, proc.stderr)
+    if check and proc.returncode != 0:
+        raise CommandFailed(argv, proc.returncode, proc.stderr or proc.stdout)
+    return done
+
+
+async def terminate(proc: asyncio.subprocess.Process, grace_s: float = 3.0) -> int:
+    """Stop one child by its pid (SIGTERM, then SIGKILL) and reap it."""
+    if proc.returncode is None:
+        try:
+            proc.terminate()
+        except ProcessLookupError:
+            pass
+        try:
+            await asyncio.wait_for(proc.wait(), grace_s)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+    return proc.returncode if proc.returncode is not None else -1

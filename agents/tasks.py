@@ -1,0 +1,255 @@
+"""Scheduled measurement and traffic tasks, each started at an absolute CLOCK_REALTIME time.
+
+One class per task kind, one small interface: `argv()/prepare` (pure or cheap) -> `run()` (the effect,
+awaited as an asyncio task) -> `artifacts()` (files it produced, with metadata). Every helper process is
+the agent's own child and is stopped by pid.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from agents import procs
+from agents.host.capabilities import tracefs_root
+from schemas import protocol
+
+
+async def sleep_until(t_ns: int) -> None:
+    delay = (t_ns - time.time_ns()) / 1e9
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+def realtime_minus_mono_ns() -> int:
+    """Offset to convert trace-clock `mono` stamps to CLOCK_REALTIME (sampled at start and end)."""
+    a = time.clock_gettime_ns(time.CLOCK_REALTIME)
+    m = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    b = time.clock_gettime_ns(time.CLOCK_REALTIME)
+    return (a + b) // 2 - m
+
+
+class TaskRunner:
+    kind = ""
+
+    def __init__(self, spec: Any, run_dir: Path):
+        self.spec = spec
+        self.run_dir = run_dir
+        self.state = "scheduled"
+        self.detail = ""
+        self.meta: dict[str, Any] = {}
+        self.stop_event = asyncio.Event()
+
+    @property
+    def task_id(self) -> str:
+        return self.spec.task_id
+
+    async def run(self) -> None:
+        await sleep_until(self.spec.start_ns)
+        self.state = "running"
+        try:
+            await self.execute()
+            self.state = "done"
+        except Exception as exc:  # the failure is reported to the manager through status/collect
+            self.state, self.detail = "failed", f"{type(exc).__name__}: {exc}"
+
+    async def execute(self) -> None:
+        raise NotImplementedError
+
+    def artifacts(self) -> list[tuple[Path, str]]:
+        return []
+
+    def status(self) -> protocol.TaskStatus:
+        return protocol.TaskStatus(task_id=self.task_id, kind=self.kind, state=self.state, detail=self.detail)
+
+
+class _ProcessTask(TaskRunner):
+    """A task that is one external process whose stdout goes to an artifact file."""
+
+    out_name = ""
+    timeout_s = 3600.0
+
+    def argv(self) -> list[str]:
+        raise NotImplementedError
+
+    async def execute(self) -> None:
+        out = self.run_dir / self.out_name
+        with open(out, "wb") as fh:
+            proc = await asyncio.create_subprocess_exec(*self.argv(), stdout=fh,
+                                                        stderr=asyncio.subprocess.PIPE)
+            stopper = asyncio.ensure_future(self.stop_event.wait())
+            waiter = asyncio.ensure_future(proc.wait())
+            await asyncio.wait({stopper, waiter}, timeout=self.timeout_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+            stopper.cancel()
+            await procs.terminate(proc)
+            stderr = (await proc.stderr.read()).decode(errors="replace") if proc.stderr else ""
+        self.meta.update({"returncode": proc.returncode, "stderr": stderr[-2000:]})
+        if proc.returncode not in (0, -15) and not self.stop_event.is_set():
+            raise RuntimeError(f"{self.argv()[0]} exited {proc.returncode}: {stderr.strip()[-300:]}")
+
+    def artifacts(self) -> list[tuple[Path, str]]:
+        path = self.run_dir / self.out_name
+        return [(path, self.kind)] if path.exists() else []
+
+
+class Iperf3Server(_ProcessTask):
+    kind = "iperf3_server"
+
+    @property
+    def out_name(self) -> str:
+        return f"iperf3-server-{self.spec.port}.json"
+
+    def argv(self) -> list[str]:
+        return ["iperf3", "-s", "-1", "-J", "-p", str(self.spec.port)]
+
+
+class Iperf3Client(_ProcessTask):
+    kind = "iperf3_client"
+
+    @property
+    def out_name(self) -> str:
+        return f"iperf3-client-{self.spec.port}.json"
+
+    def argv(self) -> list[str]:
+        s = self.spec
+        return ["iperf3", "-c", s.dst_addr, "-p", str(s.port), "-t", f"{s.duration_s:g}", "-C", s.cc,
+                "-J", "-i", f"{s.interval_s:g}", "--connect-timeout", "3000"]
+
+
+CAPTURE_STATS = re.compile(r"^(\d+) packets? (captured|received by filter|dropped by kernel)", re.MULTILINE)
+
+
+def parse_capture_stats(stderr: str) -> dict[str, int]:
+    return {m.group(2).replace(" ", "_"): int(m.group(1)) for m in CAPTURE_STATS.finditer(stderr)}
+
+
+class Capture(TaskRunner):
+    kind = "capture"
+
+    @property
+    def out_name(self) -> str:
+        return f"capture-{self.spec.interface}.pcap"
+
+    def argv(self) -> list[str]:
+        s = self.spec
+        return ["tcpdump", "-i", s.interface, "-n", "-s", str(s.snaplen), "--time-stamp-precision", "nano",
+                "-B", str(s.buffer_kib), "-w", str(self.run_dir / self.out_name)]
+
+    async def execute(self) -> None:
+        proc = await asyncio.create_subprocess_exec(*self.argv(), stdout=asyncio.subprocess.DEVNULL,
+                                                    stderr=asyncio.subprocess.PIPE)
+        assert proc.stderr is not None
+        first = await asyncio.wait_for(proc.stderr.readline(), 10)  # "listening on IF ..." = capturing
+        self.meta["started_ns"] = time.time_ns()
+        self.meta["banner"] = first.decode(errors="replace").strip()
+        await sleep_until(self.spec.stop_ns)
+        await procs.terminate(proc)
+        rest = (await proc.stderr.read()).decode(errors="replace")
+        self.meta.update({"interface": self.spec.interface, "snaplen": self.spec.snaplen,
+                          **parse_capture_stats(rest)})
+        if self.meta.get("dropped_by_kernel", 0) > 0:
+            self.detail = f"capture dropped {self.meta['dropped_by_kernel']} packets (G-CAPTURE)"
+
+    def artifacts(self) -> list[tuple[Path, str]]:
+        path = self.run_dir / self.out_name
+        return [(path, "pcap")] if path.exists() else []
+
+
+class TcpProbe(TaskRunner):
+    """A private tracefs instance with tcp:tcp_probe filtered on the run's ports (events are global)."""
+
+    kind = "tcp_probe"
+    out_name = "tcp_probe.trace"
+
+    def filter_expr(self) -> str:
+        return " || ".join(f"sport == {p} || dport == {p}" for p in self.spec.ports)
+
+    async def execute(self) -> None:
+        root = tracefs_root()
+        if root is None:
+            raise RuntimeError("tracefs is not mounted")
+        inst = root / "instances" / f"tcplab-{os.getpid()}-{self.task_id}"
+        inst.mkdir()
+        try:
+            (inst / "buffer_size_kb").write_text(str(self.spec.buffer_kib))
+            (inst / "trace_clock").write_text("mono")
+            ev = inst / "events/tcp/tcp_probe"
+            (ev / "filter").write_text(self.filter_expr())
+            self.meta["offset_start_ns"] = realtime_minus_mono_ns()
+            (ev / "enable").write_text("1")
+            await sleep_until(self.spec.stop_ns)
+            (ev / "enable").write_text("0")
+            self.meta["offset_end_ns"] = realtime_minus_mono_ns()
+            self.meta["trace_clock"] = "mono"
+            (self.run_dir / self.out_name).write_bytes((inst / "trace").read_bytes())
+            overruns = re.search(r"overrun: (\d+)", (inst / "per_cpu/cpu0/stats").read_text())
+            self.meta["overrun_cpu0"] = int(overruns.group(1)) if overruns else None
+        finally:
+            inst.rmdir()
+
+    def artifacts(self) -> list[tuple[Path, str]]:
+        path = self.run_dir / self.out_name
+        return [(path, "tcp_probe")] if path.exists() else []
+
+
+QDISC_CSV_HEADER = "ts_ns,handle,parent,kind,bytes,packets,drops,overlimits,requeues,backlog_bytes,qlen\n"
+
+
+def _handle(h: int) -> str:
+    return f"{h >> 16:x}:" if h & 0xFFFF == 0 else f"{h >> 16:x}:{h & 0xFFFF:x}"
+
+
+class QdiscStats(TaskRunner):
+    """Samples every qdisc on one interface over netlink at a fixed interval (a thread keeps the beat)."""
+
+    kind = "qdisc_stats"
+
+    @property
+    def out_name(self) -> str:
+        return f"qdisc-{self.spec.interface}.csv"
+
+    def _poll(self) -> None:
+        from pyroute2 import IPRoute
+
+        interval = self.spec.interval_ms * 1_000_000
+        lines = [QDISC_CSV_HEADER]
+        with IPRoute() as ipr:
+            idx = ipr.link_lookup(ifname=self.spec.interface)[0]
+            nxt = time.time_ns()
+            while nxt < self.spec.stop_ns:
+                ts = time.time_ns()
+                for q in ipr.get_qdiscs(index=idx):
+                    st = q.get_attr("TCA_STATS2")
+                    basic, queue = st.get_attr("TCA_STATS_BASIC"), st.get_attr("TCA_STATS_QUEUE")
+                    parent = "root" if q["parent"] == 0xFFFFFFFF else _handle(q["parent"])
+                    lines.append(f"{ts},{_handle(q['handle'])},{parent},{q.get_attr('TCA_KIND')},"
+                                 f"{basic['bytes']},{basic['packets']},{queue['drops']},"
+                                 f"{queue['overlimits']},{queue['requeues']},{queue['backlog']},"
+                                 f"{queue['qlen']}\n")
+                nxt += interval
+                time.sleep(max(0.0, (nxt - time.time_ns()) / 1e9))
+        (self.run_dir / self.out_name).write_text("".join(lines))
+        self.meta["samples"] = len(lines) - 1
+
+    async def execute(self) -> None:
+        await asyncio.to_thread(self._poll)
+
+    def artifacts(self) -> list[tuple[Path, str]]:
+        path = self.run_dir / self.out_name
+        return [(path, "qdisc_stats")] if path.exists() else []
+
+
+RUNNERS: dict[str, type[TaskRunner]] = {
+    "iperf3_server": Iperf3Server, "iperf3_client": Iperf3Client, "capture": Capture,
+    "tcp_probe": TcpProbe, "qdisc_stats": QdiscStats,
+}
+
+
+def make_runner(spec: Any, run_dir: Path) -> TaskRunner:
+    return RUNNERS[spec.kind](spec, run_dir)
+
+

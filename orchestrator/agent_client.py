@@ -1,0 +1,122 @@
+"""Manager side of the agent protocol: connect, authenticate, call typed ops, receive artifacts.
+
+Every reply is validated against schemas/protocol before it is trusted; artifact bytes are verified
+against the sha256 the agent announced before the file is kept.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+from websockets.asyncio.client import ClientConnection, connect, unix_connect
+
+from schemas import protocol
+from schemas.validate import check, check_result
+
+log = logging.getLogger("tcplab.manager")
+
+
+class AgentError(Exception):
+    """An agent refused or failed an op; carries the agent's coded error."""
+
+    def __init__(self, host: str, op: str, code: str, message: str, field: str | None):
+        self.host, self.op, self.code, self.field = host, op, code, field
+        where = f" (field {field})" if field else ""
+        super().__init__(f"agent {host}: {message}{where} [{code}]")
+
+
+class AgentClient:
+    def __init__(self, host: str, url: str, token: bytes):
+        self.host, self.url, self.token = host, url, token
+        self.ws: ClientConnection | None = None
+        self._next_id = 0
+        self.hello: protocol.HelloResult | None = None
+
+    async def connect(self, client_name: str = "tcplab-manager") -> protocol.HelloResult:
+        limits = {"max_size": 8 * 1024 * 1024, "ping_interval": 20, "ping_timeout": 60}
+        if self.url.startswith("unix:"):
+            self.ws = await unix_connect(self.url.removeprefix("unix:"), uri="ws://localhost/", **limits)
+        else:
+            self.ws = await connect(self.url.replace("tcp://", "ws://"), **limits)
+        greeting = json.loads(await self.ws.recv())
+        check("event", greeting, code="protocol")
+        if greeting["event"] != "challenge":
+            raise AgentError(self.host, "hello", "protocol", "agent did not send a challenge", None)
+        mac = hmac.new(self.token, bytes.fromhex(greeting["data"]["nonce"]), hashlib.sha256).hexdigest()
+        result = await self.call("hello", protocol.HelloArgs(client=client_name, hmac=mac))
+        self.hello = protocol.HelloResult.model_validate(result)
+        return self.hello
+
+    async def close(self) -> None:
+        if self.ws is not None:
+            try:
+                await self.call("bye", protocol.Empty())
+            except Exception:  # noqa: BLE001 - closing a broken connection must not mask the real error
+                pass
+            await self.ws.close()
+            self.ws = None
+
+    async def call(self, op: str, args: BaseModel, sink: Path | None = None) -> dict[str, Any]:
+        """Send one request and wait for its reply; artifact frames in between are written to `sink`."""
+        assert self.ws is not None, "connect() first"
+        self._next_id += 1
+        req = {"id": self._next_id, "op": op, "args": args.model_dump(mode="json")}
+        await self.ws.send(json.dumps(req))
+        while True:
+            msg = json.loads(await self.ws.recv())
+            if "event" in msg:
+                check("event", msg, code="protocol")
+                if msg["event"] == "artifact":
+                    await self._receive_artifact(msg["data"], sink)
+                continue
+            check("reply", msg, code="protocol")
+            if msg.get("id") != self._next_id:
+                raise AgentError(self.host, op, "protocol", f"reply id {msg.get('id')} != {self._next_id}",
+                                 None)
+            if msg.get("error"):
+                err = msg["error"]
+                raise AgentError(self.host, op, err["code"], err["message"], err.get("field"))
+            check_result(op, msg["result"])
+            return msg["result"]
+
+    async def _receive_artifact(self, info: dict, sink: Path | None) -> None:
+        assert self.ws is not None
+        if sink is None:
+            raise AgentError(self.host, "collect", "protocol", "artifact frames outside collect", None)
+        sink.mkdir(parents=True, exist_ok=True)
+        name = Path(info["name"]).name  # never let an agent choose a path outside the run folder
+        tmp = sink / f".{name}.part"
+        digest, got = hashlib.sha256(), 0
+        with open(tmp, "wb") as fh:
+            while got < info["size"]:
+                chunk = await self.ws.recv()
+                if not isinstance(chunk, bytes):
+                    raise AgentError(self.host, "collect", "protocol", f"{name}: text frame in data",
+                                     None)
+                fh.write(chunk)
+                digest.update(chunk)
+                got += len(chunk)
+        if got != info["size"] or digest.hexdigest() != info["sha256"]:
+            tmp.unlink()
+            raise AgentError(self.host, "collect", "protocol", f"{name}: sha256/size mismatch", None)
+        tmp.rename(sink / name)
+
+    async def clock_offset_ns(self, samples: int = 5) -> tuple[int, int]:
+        """NTP-style offset (agent - manager) and RTT of the best of `samples` exchanges."""
+        best: tuple[int, int] | None = None
+        for _ in range(samples):
+            t1 = time.time_ns()
+            r = await self.call("clock", protocol.ClockArgs(t1_ns=t1))
+            t4 = time.time_ns()
+            rtt = (t4 - t1) - (r["t3_ns"] - r["t2_ns"])
+            offset = ((r["t2_ns"] - t1) + (r["t3_ns"] - t4)) // 2
+            if best is None or rtt < best[1]:
+                best = (offset, rtt)
+        assert best is not None
+        return best

@@ -1,0 +1,138 @@
+"""`tcplab` command line: lab, plan, run, query, report. Thin: every command calls one module."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+console = Console(stderr=True)
+
+
+def cmd_lab(args: argparse.Namespace) -> int:
+    from orchestrator.lab import netns
+
+    if args.action == "up":
+        inv = netns.up()
+        console.print(f"lab up: {', '.join(inv['hosts'])}; inventory {netns.inventory_path()}")
+    elif args.action == "down":
+        removed = netns.down()
+        console.print("lab down: " + ("; ".join(removed) if removed else "nothing to remove"))
+    else:
+        st = netns.status()
+        if args.json:
+            print(json.dumps(st, indent=2))
+        else:
+            console.print(f"healthy: {st['healthy']}  namespaces: {' '.join(st['namespaces']) or '-'}")
+            for a in st["agents"]:
+                console.print(f"  agent {a['role']} pid {a['pid']}")
+            for link in st["links"]:
+                console.print(f"  {link['namespace']} {link['ifname']} {link['state']} {' '.join(link['addr'])}")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from orchestrator.plan import commands
+
+    if args.action == "validate":
+        return commands.cmd_validate(args.file)
+    if args.action == "expand":
+        return commands.cmd_expand(args.file, args.json)
+    return commands.cmd_table(args.file)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from orchestrator.engine.campaign import run_plan
+
+    return asyncio.run(run_plan(args.plan, db_url=args.db, inventory=args.inventory,
+                                results=args.results, force=args.force, console=console,
+                                progress_factory=_progress))
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), TextColumn("{task.fields[phase]}"), console=console)
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    from orchestrator.storage.query import QueryError, format_rows, run_query
+
+    try:
+        cols, rows = run_query(args.db, args.sql)
+    except QueryError as exc:
+        console.print(f"[red]query failed:[/red] {exc}")
+        return 2
+    print(format_rows(cols, rows, as_json=args.json))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from analysis.report import write_report
+    from orchestrator.storage.db import open_db
+
+    path = write_report(open_db(args.db), Path(args.out), run_ids=args.run or None)
+    console.print(f"report: {path}")
+    return 0
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    from analysis.summary import format_table, run_table
+    from orchestrator.storage.db import open_db
+
+    print(format_table(run_table(open_db(args.db), args.run or None)))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tcplab", description="TCP congestion-control / AQM testbed")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    lab = sub.add_parser("lab", help="the local netns lab")
+    lab.add_argument("action", choices=["up", "down", "status"])
+    lab.add_argument("--json", action="store_true")
+    lab.set_defaults(func=cmd_lab)
+
+    plan = sub.add_parser("plan", help="validate / expand / tabulate a plan")
+    plan.add_argument("action", choices=["validate", "expand", "table"])
+    plan.add_argument("file", type=Path)
+    plan.add_argument("--json", action="store_true")
+    plan.set_defaults(func=cmd_plan)
+
+    run = sub.add_parser("run", help="run every run of a plan and ingest the results")
+    run.add_argument("plan", type=Path)
+    run.add_argument("--db", default=None, help="database URL (default $TCPLAB_DB or results/tcplab.db)")
+    run.add_argument("--inventory", type=Path, default=None, help="default: the netns lab's inventory")
+    run.add_argument("--results", type=Path, default=Path("results"))
+    run.add_argument("--force", action="store_true", help="rerun runs already complete in the DB")
+    run.set_defaults(func=cmd_run)
+
+    q = sub.add_parser("query", help="read-only SQL against the result database")
+    q.add_argument("sql")
+    q.add_argument("--db", default=None)
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=cmd_query)
+
+    rep = sub.add_parser("report", help="write the HTML report")
+    rep.add_argument("--db", default=None)
+    rep.add_argument("--out", default="results")
+    rep.add_argument("--run", action="append", help="restrict to these run ids")
+    rep.set_defaults(func=cmd_report)
+
+    tab = sub.add_parser("table", help="print the per-run results table")
+    tab.add_argument("--db", default=None)
+    tab.add_argument("--run", action="append")
+    tab.set_defaults(func=cmd_table)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    sys.exit(args.func(args))

@@ -1,0 +1,86 @@
+"""Pure resolution of a RunSpec against an inventory: concrete host states and the run's timeline.
+
+Timeline of one run (all absolute CLOCK_REALTIME ns): captures, tracing, pollers and iperf3 servers
+start at T0 - LEAD; flow i's client starts at T0 + start_s; everything passive stops at the last flow's
+end + TAIL, so the capture sees the final ACKs and FINs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.inventory import Inventory
+from orchestrator.plan.runspec import RunSpec
+from schemas import protocol
+from schemas.hoststate import HostState, InterfaceState
+
+LEAD_NS = 700_000_000
+TAIL_NS = 1_000_000_000
+
+
+class ResolveError(ValueError):
+    pass
+
+
+def host_states(spec: RunSpec, inv: Inventory) -> dict[str, HostState]:
+    out = {}
+    for role, hp in spec.hosts.items():
+        if role not in inv.hosts:
+            raise ResolveError(f"run {spec.run_id}: plan role {role!r} has no host in the inventory")
+        entry = inv.hosts[role]
+        ifaces: dict[str, InterfaceState] = {name: InterfaceState(offloads=dict(hp.offloads))
+                                             for name in entry.interfaces}
+        for toward, chain in hp.qdiscs.items():
+            name = entry.iface_toward(toward)
+            ifaces[name] = InterfaceState(offloads=dict(hp.offloads), qdiscs=list(chain))
+        out[role] = HostState(sysctls=dict(hp.sysctls), interfaces=ifaces,
+                              flush_tcp_metrics=hp.flush_tcp_metrics)
+    return out
+
+
+@dataclass(frozen=True)
+class Timeline:
+    t0_ns: int
+    start_ns: int
+    stop_ns: int
+
+    @property
+    def end_ns(self) -> int:
+        return self.stop_ns
+
+
+def timeline(spec: RunSpec, t0_ns: int) -> Timeline:
+    last = max((f.start_s + f.duration_s for f in spec.flows), default=spec.duration_s)
+    return Timeline(t0_ns=t0_ns, start_ns=t0_ns - LEAD_NS, stop_ns=t0_ns + int(last * 1e9) + TAIL_NS)
+
+
+def schedule_tasks(spec: RunSpec, inv: Inventory, tl: Timeline) -> dict[str, list]:
+    """Per host role, the protocol tasks of this run."""
+    tasks: dict[str, list] = {role: [] for role in inv.hosts}
+    for f in spec.flows:
+        tasks[f.dst].append(protocol.Iperf3ServerTask(task_id=f"iperf3-server-{f.flow_id}",
+                                                      start_ns=tl.start_ns, port=f.port))
+        tasks[f.src].append(protocol.Iperf3ClientTask(
+            task_id=f"iperf3-client-{f.flow_id}", start_ns=tl.t0_ns + int(f.start_s * 1e9), port=f.port,
+            dst_addr=inv.hosts[f.dst].data_addr, cc=f.cc, duration_s=f.duration_s))
+    for i, cp in enumerate(spec.captures):
+        iface = inv.hosts[cp.link.host].iface_toward(cp.link.toward)
+        tasks[cp.link.host].append(protocol.CaptureTask(task_id=f"capture-{i}", start_ns=tl.start_ns,
+                                                        stop_ns=tl.stop_ns, interface=iface,
+                                                        snaplen=cp.snaplen))
+    for i, link in enumerate(spec.qdisc_stats):
+        iface = inv.hosts[link.host].iface_toward(link.toward)
+        tasks[link.host].append(protocol.QdiscStatsTask(task_id=f"qdisc-{i}", start_ns=tl.start_ns,
+                                                        stop_ns=tl.stop_ns, interface=iface,
+                                                        interval_ms=spec.qdisc_stats_interval_ms))
+    if spec.tcp_probe:
+        for role in spec.senders:
+            ports = sorted({f.port for f in spec.flows if f.src == role})
+            tasks[role].append(protocol.TcpProbeTask(task_id="tcp-probe", start_ns=tl.start_ns,
+                                                     stop_ns=tl.stop_ns, ports=ports))
+    return {role: t for role, t in tasks.items() if t}
+
+
+def capture_point_names(spec: RunSpec, inv: Inventory) -> dict[tuple[str, str], str]:
+    """(host, interface) -> capture point label, e.g. ("aqm", "to-client") -> "aqm:to-client"."""
+    return {(cp.link.host, inv.hosts[cp.link.host].iface_toward(cp.link.toward)): cp.link.label
+            for cp in spec.captures}

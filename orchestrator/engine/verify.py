@@ -1,0 +1,138 @@
+"""Pure checks: read-back equals the desired state, and a plan fits the hosts' capabilities.
+
+`readback_differences` is what makes "apply" trustworthy: every requested sysctl, offload and qdisc
+parameter is compared with what the kernel reports, and each mismatch is named.
+"""
+from __future__ import annotations
+
+import re
+
+from agents.host.argv import OFFLOAD_LONG_NAMES
+from orchestrator.plan.runspec import RunSpec
+from schemas import protocol
+from schemas.hoststate import Bfifo, HostState, Htb, Pfifo, QdiscStage, Tbf
+
+SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)([KMG]?)b$")
+
+
+def norm_sysctl(value: str) -> str:
+    return " ".join(str(value).split())
+
+
+def parse_tc_size(text: str) -> int:
+    """tc's printed sizes ("15Kb", "1514b", "1Mb"): 1024-based multipliers."""
+    m = SIZE_RE.match(text)
+    if not m:
+        raise ValueError(f"not a tc size: {text!r}")
+    return int(float(m.group(1)) * {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}[m.group(2)])
+
+
+def htb_class_bursts(text: str) -> dict[str, tuple[int, int]]:
+    """classid -> (burst, cburst) in bytes from `tc -d class show` text."""
+    out = {}
+    for m in re.finditer(r"class htb (\S+) .*?burst (\S+?)(?:/\d+)? .*?cburst (\S+?)(?:/\d+)? ", text):
+        out[m.group(1)] = (parse_tc_size(m.group(2)), parse_tc_size(m.group(3)))
+    return out
+
+
+def _close(a: int, b: int, rel: float = 0.02, abs_: int = 1024) -> bool:
+    # tc prints sizes rounded to 1024-multiples, so burst read-back is approximate by design
+    return abs(a - b) <= max(abs_, rel * b)
+
+
+def stage_differences(dev: str, i: int, stage: QdiscStage, rb: protocol.InterfaceReadback) -> list[str]:
+    handle = f"{i + 1}:"
+    where = f"{dev} qdisc {handle}"
+    found = [q for q in rb.tc_qdisc if q.get("handle") == handle]
+    if not found:
+        return [f"{where}: missing (wanted {stage.kind})"]
+    q = found[0]
+    diffs = []
+    if q["kind"] != stage.kind:
+        diffs.append(f"{where}: kind {q['kind']} != {stage.kind}")
+        return diffs
+    parent_ok = q.get("root") if i == 0 else q.get("parent") == f"{i}:1"
+    if not parent_ok:
+        diffs.append(f"{where}: not attached at {'root' if i == 0 else f'{i}:1'}")
+    opts = q.get("options", {})
+    if isinstance(stage, Pfifo) and opts.get("limit") != stage.limit_packets:
+        diffs.append(f"{where}: limit {opts.get('limit')} != {stage.limit_packets} packets")
+    if isinstance(stage, Bfifo) and opts.get("limit") != stage.limit_bytes:
+        diffs.append(f"{where}: limit {opts.get('limit')} != {stage.limit_bytes} bytes")
+    if isinstance(stage, Tbf) and opts.get("rate") not in (None, stage.rate_bit // 8):
+        diffs.append(f"{where}: rate {opts.get('rate')} B/s != {stage.rate_bit // 8} B/s")
+    if isinstance(stage, Htb):
+        diffs += _htb_class_differences(dev, i, stage, rb)
+    return diffs
+
+
+def _htb_class_differences(dev: str, i: int, stage: Htb, rb: protocol.InterfaceReadback) -> list[str]:
+    classid = f"{i + 1}:1"
+    where = f"{dev} htb class {classid}"
+    cls = [c for c in rb.htb_classes if c["classid"] == classid]
+    if not cls:
+        return [f"{where}: missing"]
+    c, diffs = cls[0], []
+    if c["rate_bit"] != stage.rate_bit:
+        diffs.append(f"{where}: rate {c['rate_bit']} != {stage.rate_bit} bit/s")
+    if c["ceil_bit"] != (stage.ceil_bit or stage.rate_bit):
+        diffs.append(f"{where}: ceil {c['ceil_bit']} != {stage.ceil_bit or stage.rate_bit} bit/s")
+    if stage.quantum_bytes and c["quantum_bytes"] != stage.quantum_bytes:
+        diffs.append(f"{where}: quantum {c['quantum_bytes']} != {stage.quantum_bytes}")
+    bursts = htb_class_bursts(rb.tc_class_text).get(classid)
+    if stage.burst_bytes and bursts and not _close(bursts[0], stage.burst_bytes):
+        diffs.append(f"{where}: burst {bursts[0]} != {stage.burst_bytes} bytes")
+    want_cb = stage.cburst_bytes or stage.burst_bytes
+    if want_cb and bursts and not _close(bursts[1], want_cb):
+        diffs.append(f"{where}: cburst {bursts[1]} != {want_cb} bytes")
+    return diffs
+
+
+def readback_differences(desired: HostState, rb: protocol.Readback) -> list[str]:
+    diffs = []
+    for name, value in desired.sysctls.items():
+        got = rb.sysctls.get(name)
+        if got is None or norm_sysctl(got) != norm_sysctl(value):
+            diffs.append(f"sysctl {name}: {got!r} != {value!r}")
+    for dev, ifstate in desired.interfaces.items():
+        irb = rb.interfaces.get(dev)
+        if irb is None:
+            diffs.append(f"{dev}: no read-back")
+            continue
+        for short, on in ifstate.offloads.items():
+            feat = irb.features.get(OFFLOAD_LONG_NAMES[short], {})
+            if bool(feat.get("active")) != on:
+                diffs.append(f"{dev} offload {short}: {'on' if feat.get('active') else 'off'} != "
+                             f"{'on' if on else 'off'}")
+        for i, stage in enumerate(ifstate.qdiscs):
+            diffs += stage_differences(dev, i, stage, irb)
+        planned = {f"{i + 1}:" for i in range(len(ifstate.qdiscs))}
+        extra = [q for q in irb.tc_qdisc if ifstate.qdiscs and q.get("handle") not in planned
+                 and q.get("kind") not in ("ingress", "clsact")]
+        diffs += [f"{dev} qdisc {q.get('handle')}: unexpected {q.get('kind')}" for q in extra]
+    return diffs
+
+
+def capability_problems(spec: RunSpec, caps: dict[str, protocol.Capabilities]) -> list[str]:
+    """What the plan needs that a host lacks, each naming host, kernel release and capability."""
+    problems = []
+    for role, hp in spec.hosts.items():
+        c = caps.get(role)
+        if c is None:
+            problems.append(f"host {role}: not in the testbed")
+            continue
+        for chain in hp.qdiscs.values():
+            for stage in chain:
+                if stage.kind not in c.qdiscs:
+                    problems.append(f"host {role} (kernel {c.kernel_release}) lacks qdisc {stage.kind}")
+    for f in spec.flows:
+        c = caps.get(f.src)
+        if c and f.cc not in c.congestion_controls:
+            problems.append(f"host {f.src} (kernel {c.kernel_release}) lacks congestion control {f.cc} "
+                            f"(available: {' '.join(c.congestion_controls)})")
+    if spec.tcp_probe:
+        for role in spec.senders:
+            c = caps.get(role)
+            if c and "tcp:tcp_probe" not in c.tracepoints:
+                problems.append(f"host {role} (kernel {c.kernel_release}) lacks tracepoint tcp:tcp_probe")
+    return sorted(set(problems))

@@ -1,0 +1,191 @@
+"""The netns lab (effects): `up`, `down`, `status`.
+
+`up` builds the topology, then starts a detached supervisor (orchestrator.lab.supervisor) that keeps
+one agent per namespace as its own child and reaps it; this machine's PID 1 does not reap orphans.
+`down` is idempotent and crash-safe: whatever state file exists, it removes every `<prefix>-*`
+namespace, stops every process inside them by pid, and deletes leftover tracefs instances.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from agents import procs
+from orchestrator.agent_client import AgentClient
+from orchestrator.lab.topology import PREFIX, Topology, build_argv, neigh_argv, netns_topology
+
+log = logging.getLogger("tcplab.lab")
+STATE_DIR = Path(os.environ.get("TCPLAB_LAB_DIR", "/run/tcplab"))
+AGENT_ARTIFACTS = Path("/var/tmp/tcplab/agents")
+
+
+class LabError(Exception):
+    pass
+
+
+def inventory_path(state_dir: Path = STATE_DIR) -> Path:
+    return state_dir / "inventory.json"
+
+
+def lab_namespaces(prefix: str = PREFIX) -> list[str]:
+    out = procs.run(["ip", "-j", "netns", "list"], check=False).stdout.strip()
+    names = [n["name"] for n in json.loads(out)] if out else []
+    return sorted(n for n in names if n.startswith(f"{prefix}-"))
+
+
+def _proc_state(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def pid_alive(pid: int) -> bool:
+    return _proc_state(pid) not in (None, "Z", "X")
+
+
+def build_inventory(topo: Topology, state_dir: Path, token_file: Path) -> dict:
+    hosts = {}
+    for role in topo.roles:
+        ifaces = {}
+        for ep in topo.endpoints(role):
+            peer = topo.peer(ep)
+            mac = json.loads(procs.run(["ip", "-n", topo.namespace(role), "-j", "link", "show", "dev",
+                                        ep.ifname]).stdout)[0]["address"]
+            ifaces[ep.ifname] = {"toward": peer.role, "addr": ep.addr, "plen": ep.plen,
+                                 "peer_addr": peer.addr, "mac": mac}
+        hosts[role] = {"agent": f"unix:{state_dir / f'agent-{role}.sock'}",
+                       "namespace": topo.namespace(role), "interfaces": ifaces}
+    return {"kind": "netns", "prefix": topo.prefix, "token_file": str(token_file), "hosts": hosts}
+
+
+def up(state_dir: Path = STATE_DIR, prefix: str = PREFIX, timeout_s: float = 60.0) -> dict:
+    if lab_namespaces(prefix) or inventory_path(state_dir).exists():
+        if status(state_dir, prefix)["healthy"]:
+            return json.loads(inventory_path(state_dir).read_text())
+        down(state_dir, prefix)
+    topo = netns_topology(prefix)
+    try:
+        for argv in build_argv(topo):
+            procs.run(argv)
+        state_dir.mkdir(parents=True, exist_ok=True)
+        token_file = state_dir / "token"
+        token_file.touch(mode=0o600)
+        token_file.write_text(secrets.token_hex(32))
+        inv = build_inventory(topo, state_dir, token_file)
+        macs = {(role, name): i["mac"]
+                for role, h in inv["hosts"].items() for name, i in h["interfaces"].items()}
+        for argv in neigh_argv(topo, macs):
+            procs.run(argv)
+        inventory_path(state_dir).write_text(json.dumps(inv, indent=2))
+        log_file = open(state_dir / "lab.log", "ab")
+        sup = subprocess.Popen([sys.executable, "-m", "orchestrator.lab.supervisor", str(state_dir)],
+                               stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
+                               start_new_session=True, cwd=str(Path(__file__).resolve().parents[2]))
+        inv["supervisor_pid"] = sup.pid
+        inventory_path(state_dir).write_text(json.dumps(inv, indent=2))
+        asyncio.run(_wait_for_agents(inv, token_file.read_bytes(), timeout_s, sup))
+        inv = json.loads(inventory_path(state_dir).read_text())  # now with agent pids
+        return inv
+    except BaseException:
+        down(state_dir, prefix)
+        raise
+
+
+async def _wait_for_agents(inv: dict, token: bytes, timeout_s: float, sup: subprocess.Popen) -> None:
+    deadline = time.monotonic() + timeout_s
+    for role, host in inv["hosts"].items():
+        while True:
+            if sup.poll() is not None:
+                raise LabError(f"lab supervisor exited ({sup.returncode}); see lab.log")
+            client = AgentClient(role, host["agent"], token)
+            try:
+                await client.connect("tcplab-lab")
+                await client.close()
+                break
+            except (OSError, EOFError):
+                if time.monotonic() > deadline:
+                    raise LabError(f"agent {role} did not answer within {timeout_s:.0f}s") from None
+                await asyncio.sleep(0.2)
+
+
+def _kill_pids(pids: list[int], grace_s: float = 5.0) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace_s
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in pids:
+        if pid_alive(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _supervisor_pid(state_dir: Path) -> int | None:
+    try:
+        pid = json.loads(inventory_path(state_dir).read_text()).get("supervisor_pid")
+    except (OSError, json.JSONDecodeError):
+        return None
+    if pid and pid_alive(pid) and b"orchestrator.lab.supervisor" in Path(f"/proc/{pid}/cmdline").read_bytes():
+        return pid
+    return None
+
+
+def down(state_dir: Path = STATE_DIR, prefix: str = PREFIX) -> list[str]:
+    """Remove everything the lab made; returns a list of what was removed."""
+    removed = []
+    sup = _supervisor_pid(state_dir)
+    if sup:
+        _kill_pids([sup], grace_s=20)  # it stops and reaps its agents, which reset their hosts
+        removed.append(f"supervisor {sup}")
+    for ns in lab_namespaces(prefix):
+        pids = [int(p) for p in procs.run(["ip", "netns", "pids", ns], check=False).stdout.split()]
+        _kill_pids(pids)
+        procs.run(["ip", "netns", "del", ns], check=False)
+        removed.append(f"namespace {ns}" + (f" ({len(pids)} processes)" if pids else ""))
+    for root in (Path("/sys/kernel/tracing/instances"), Path("/sys/kernel/debug/tracing/instances")):
+        if root.is_dir():
+            for inst in root.glob(f"{prefix}-*"):
+                inst.rmdir()
+                removed.append(f"tracefs instance {inst.name}")
+            break
+    for name in ("inventory.json", "token", "agents.json"):
+        (state_dir / name).unlink(missing_ok=True)
+    for sock in state_dir.glob("agent-*.sock") if state_dir.exists() else []:
+        sock.unlink()
+    return removed
+
+
+def status(state_dir: Path = STATE_DIR, prefix: str = PREFIX) -> dict:
+    namespaces = lab_namespaces(prefix)
+    agents = []
+    agents_file = state_dir / "agents.json"
+    if agents_file.exists():
+        for role, pid in json.loads(agents_file.read_text()).items():
+            agents.append({"role": role, "pid": pid, "alive": pid_alive(pid)})
+    links = []
+    for ns in namespaces:
+        out = procs.run(["ip", "-n", ns, "-j", "-br", "addr", "show"], check=False).stdout
+        for link in json.loads(out or "[]"):
+            if link["ifname"] != "lo":
+                links.append({"namespace": ns, "ifname": link["ifname"], "state": link["operstate"],
+                              "addr": [a["local"] for a in link.get("addr_info", [])]})
+    inv = inventory_path(state_dir)
+    healthy = (bool(namespaces) and inv.exists() and bool(agents) and all(a["alive"] for a in agents)
+               and len(namespaces) == 3)
+    return {"healthy": healthy, "inventory": str(inv) if inv.exists() else None,
+            "namespaces": namespaces, "agents": [a for a in agents if a["alive"]], "links": links}
