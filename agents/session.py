@@ -12,10 +12,12 @@ import hmac
 import json
 import secrets
 from dataclasses import dataclass
+from typing import get_args
 
 from pydantic import BaseModel, ValidationError
 
 from schemas import protocol
+from schemas.hoststate import QdiscStage
 from schemas.validate import ProtocolError, check_request, check_result
 
 
@@ -57,18 +59,18 @@ class AgentSession:
         op = doc.get("op")
         if op not in protocol.OP_ARGS:
             return encode_error(req_id, "unknown_op", f"unknown op {op!r}", field="op")
-        try:
-            check_request(doc)
-        except ProtocolError as exc:
-            return encode_error(req_id, exc.code, exc.detail, field=exc.field, op=op)
         if not self.authenticated and op != "hello":
             return encode_error(req_id, "unauthenticated", f"op {op!r} before a successful hello", op=op)
         try:
+            # pydantic first: its error locations name the exact field inside tagged unions
             args = protocol.OP_ARGS[op].model_validate(doc.get("args", {}))
         except ValidationError as exc:
             first = exc.errors()[0]
-            field = ".".join(str(p) for p in first["loc"])
-            return encode_error(req_id, "invalid_args", first["msg"], field=field, op=op)
+            return encode_error(req_id, "invalid_args", first["msg"], field=field_path(first["loc"]), op=op)
+        try:
+            check_request(doc)  # the checked-in JSON Schema contract, for frames pydantic accepted
+        except ProtocolError as exc:
+            return encode_error(req_id, exc.code, exc.detail, field=exc.field, op=op)
         if op == "hello":
             assert isinstance(args, protocol.HelloArgs)
             if not hmac.compare_digest(args.hmac, expected_hmac(self._token, self.nonce_hex)):
@@ -83,6 +85,24 @@ class AgentSession:
         if op == "bye":
             self.closed = True
         return Dispatch(id=doc["id"], op=op, args=args)
+
+
+def field_path(loc: tuple) -> str:
+    """pydantic loc -> dotted field path, without the union tag pydantic inserts after list indexes."""
+    parts: list[str] = []
+    for i, item in enumerate(loc):
+        if i > 0 and isinstance(loc[i - 1], int) and isinstance(item, str) and item in UNION_TAGS:
+            continue
+        parts.append(str(item))
+    return ".".join(parts)
+
+
+def _union_tags(*unions) -> frozenset[str]:
+    members = [m for u in unions for m in get_args(get_args(u)[0])]
+    return frozenset(m.model_fields["kind"].default for m in members)
+
+
+UNION_TAGS = _union_tags(protocol.Task, QdiscStage)
 
 
 def encode_result(req_id: int, op: str, result: BaseModel) -> str:

@@ -88,6 +88,18 @@ def cmd_table(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from orchestrator.ingest.assemble import reassemble
+    from orchestrator.storage.db import open_db
+    from orchestrator.storage.ingest import write_run
+
+    db = open_db(args.db)
+    for run_dir in args.run_dirs:
+        counts = write_run(db, reassemble(run_dir))
+        console.print(f"{run_dir.name}: " + ", ".join(f"{k} {v}" for k, v in vars(counts).items() if v))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tcplab", description="TCP congestion-control / AQM testbed")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -123,6 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", default="results")
     rep.add_argument("--run", action="append", help="restrict to these run ids")
     rep.set_defaults(func=cmd_report)
+
+    ing = sub.add_parser("ingest", help="(re)ingest collected runs from results/<run-id>/ folders")
+    ing.add_argument("run_dirs", nargs="+", type=Path)
+    ing.add_argument("--db", default=None)
+    ing.set_defaults(func=cmd_ingest)
 
     tab = sub.add_parser("table", help="print the per-run results table")
     tab.add_argument("--db", default=None)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -17,7 +16,7 @@ from sqlalchemy import Engine
 
 from orchestrator.agent_client import AgentClient, AgentError
 from orchestrator.engine import resolve, verify
-from orchestrator.ingest.assemble import assemble, sender_ports
+from orchestrator.ingest.assemble import assemble, save_ingest_inputs, sender_ports
 from orchestrator.inventory import Inventory
 from orchestrator.plan.runspec import RunSpec
 from orchestrator.storage.ingest import RunIngest, write_run
@@ -144,8 +143,8 @@ class Manager:
             ingest = assemble(spec, run_row, plan_row, run_dir, artifacts, evidence, flow_rows, points)
         else:
             ingest = RunIngest(run=run_row, plan=plan_row, flows=flow_rows, evidence=evidence)
+        save_ingest_inputs(run_dir, run_row, plan_row, flow_rows, evidence, artifacts, points)
         counts = write_run(self.db, ingest)
-        (run_dir / "evidence.json").write_text(json.dumps(evidence, indent=1))
         return RunOutcome(spec.run_id, run_row["status"], error, flags, dict(vars(counts)))
 
     def _run_row(self, spec: RunSpec, plan_row, t0, started, error, flags) -> dict:

@@ -6,7 +6,9 @@ only routes each artifact to its parser and labels rows with host / capture poin
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -69,3 +71,38 @@ def sender_ports(run_dir: Path, spec: RunSpec) -> dict[int, int | None]:
         path = run_dir / f.src / f"iperf3-client-{f.port}.json"
         out[f.flow_id] = parse_iperf3(path.read_text()).local_port if path.exists() else None
     return out
+
+
+INGEST_FILE = "ingest.json"
+
+
+def save_ingest_inputs(run_dir: Path, run_row: dict, plan_row: dict | None, flow_rows: list[dict],
+                       evidence: list[dict], artifacts: dict[str, list[dict]],
+                       points: dict[tuple[str, str], str]) -> None:
+    """Everything besides the artifact files that ingest needs, so the DB can be rebuilt from disk."""
+    doc = {"run": run_row, "plan": plan_row, "flows": flow_rows, "evidence": evidence, "artifacts": artifacts,
+           "points": [[h, i, p] for (h, i), p in points.items()]}
+    (run_dir / INGEST_FILE).write_text(json.dumps(doc, indent=1, default=_iso))
+
+
+def _iso(value: Any) -> str:
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def reassemble(run_dir: Path) -> RunIngest:
+    """Rebuild a run's RunIngest from results/<run-id>/ (the artifacts plus ingest.json)."""
+    doc = json.loads((run_dir / INGEST_FILE).read_text())
+    spec = RunSpec.model_validate(doc["run"]["spec"])
+    run_row = dict(doc["run"])
+    for key in ("started_at", "finished_at"):
+        if run_row.get(key):
+            run_row[key] = dt.datetime.fromisoformat(run_row[key])
+    plan_row = dict(doc["plan"]) if doc["plan"] else None
+    if plan_row and plan_row.get("created_at"):
+        plan_row["created_at"] = dt.datetime.fromisoformat(plan_row["created_at"])
+    points = {(h, i): p for h, i, p in doc["points"]}
+    if run_row["status"] != "complete":
+        return RunIngest(run=run_row, plan=plan_row, flows=doc["flows"], evidence=doc["evidence"])
+    return assemble(spec, run_row, plan_row, run_dir, doc["artifacts"], doc["evidence"], doc["flows"], points)

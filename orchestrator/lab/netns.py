@@ -24,6 +24,7 @@ from orchestrator.lab.topology import PREFIX, Topology, build_argv, neigh_argv, 
 
 log = logging.getLogger("tcplab.lab")
 STATE_DIR = Path(os.environ.get("TCPLAB_LAB_DIR", "/run/tcplab"))
+LAB_PREFIX = os.environ.get("TCPLAB_LAB_PREFIX", PREFIX)
 AGENT_ARTIFACTS = Path("/var/tmp/tcplab/agents")
 
 
@@ -35,7 +36,7 @@ def inventory_path(state_dir: Path = STATE_DIR) -> Path:
     return state_dir / "inventory.json"
 
 
-def lab_namespaces(prefix: str = PREFIX) -> list[str]:
+def lab_namespaces(prefix: str = LAB_PREFIX) -> list[str]:
     out = procs.run(["ip", "-j", "netns", "list"], check=False).stdout.strip()
     names = [n["name"] for n in json.loads(out)] if out else []
     return sorted(n for n in names if n.startswith(f"{prefix}-"))
@@ -68,7 +69,7 @@ def build_inventory(topo: Topology, state_dir: Path, token_file: Path) -> dict:
     return {"kind": "netns", "prefix": topo.prefix, "token_file": str(token_file), "hosts": hosts}
 
 
-def up(state_dir: Path = STATE_DIR, prefix: str = PREFIX, timeout_s: float = 60.0) -> dict:
+def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, timeout_s: float = 60.0) -> dict:
     if lab_namespaces(prefix) or inventory_path(state_dir).exists():
         if status(state_dir, prefix)["healthy"]:
             return json.loads(inventory_path(state_dir).read_text())
@@ -145,7 +146,7 @@ def _supervisor_pid(state_dir: Path) -> int | None:
     return None
 
 
-def down(state_dir: Path = STATE_DIR, prefix: str = PREFIX) -> list[str]:
+def down(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX) -> list[str]:
     """Remove everything the lab made; returns a list of what was removed."""
     removed = []
     sup = _supervisor_pid(state_dir)
@@ -170,7 +171,7 @@ def down(state_dir: Path = STATE_DIR, prefix: str = PREFIX) -> list[str]:
     return removed
 
 
-def status(state_dir: Path = STATE_DIR, prefix: str = PREFIX) -> dict:
+def status(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX) -> dict:
     namespaces = lab_namespaces(prefix)
     agents = []
     agents_file = state_dir / "agents.json"

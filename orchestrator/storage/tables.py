@@ -6,8 +6,21 @@ a run is re-ingested; their column names equal the fields of orchestrator/ingest
 """
 from __future__ import annotations
 
-from sqlalchemy import (JSON, BigInteger, Column, DateTime, Float, ForeignKey, Integer, MetaData,
-                        SmallInteger, String, Table, Text)
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    SmallInteger,
+    String,
+    Table,
+    Text,
+)
 
 metadata = MetaData()
 
@@ -148,5 +161,12 @@ iperf_interval = Table(
     Column("snd_cwnd", BigInteger, nullable=False),
     Column("rtt_us", BigInteger, nullable=False),
 )
+
+# Bulk tables are read and deleted per run; packet is also read per capture point in time order (queue
+# delay pairs two points), so its index leads with run_id and serves per-run deletes as well.
+Index("ix_packet_run_point_ts", packet.c.run_id, packet.c.point, packet.c.ts_ns)
+Index("ix_tcp_probe_run_id", tcp_probe.c.run_id)
+Index("ix_qdisc_sample_run_id", qdisc_sample.c.run_id)
+Index("ix_iperf_interval_run_id", iperf_interval.c.run_id)
 
 PER_RUN_BULK_TABLES = (packet, tcp_probe, qdisc_sample, iperf_interval)

@@ -1,0 +1,54 @@
+# tcplab: `make demo` builds the local netns lab, runs experiments/quickstart.yaml, stores and reports;
+# `make test` runs the whole suite. Both install what they need (as root on Debian/Ubuntu).
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+TCPLAB := $(VENV)/bin/tcplab
+APT_PKGS := iproute2 iperf3 tcpdump ethtool tshark python3 python3-venv python3-dev gcc make postgresql
+PG_ADMIN_URL ?= postgresql://postgres@127.0.0.1:5432/postgres
+
+.PHONY: setup apt venv postgres demo test lint clean
+
+setup: apt venv
+
+apt:
+	@missing=$$(for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing: $$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+# PostgreSQL for the shared-DB tests: start the local cluster if it is down.
+postgres: apt
+	@if ! pg_isready -q -h 127.0.0.1 -p 5432; then \
+	  ver=$$(ls /etc/postgresql | sort -V | tail -1); \
+	  pg_ctlcluster --skip-systemctl-redirect $$ver main start; \
+	  for i in $$(seq 1 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 0.5; done; \
+	fi
+	@pg_isready -h 127.0.0.1 -p 5432
+
+demo: setup
+	$(TCPLAB) lab up
+	@rc=0; \
+	$(TCPLAB) run experiments/quickstart.yaml || rc=$$?; \
+	[ $$rc -eq 0 ] && { $(TCPLAB) report --out results || rc=$$?; }; \
+	$(TCPLAB) lab down; \
+	exit $$rc
+
+test: setup postgres
+	TCPLAB_TEST_PG=$(PG_ADMIN_URL) $(VENV)/bin/pytest -q -rs
+
+lint: venv
+	$(VENV)/bin/ruff check orchestrator agents analysis schemas tests bench
+
+clean:
+	-$(TCPLAB) lab down
+	rm -rf results .pytest_cache

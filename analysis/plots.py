@@ -1,0 +1,105 @@
+"""Matplotlib figures of run time series, rendered to PNG bytes with the Agg canvas.
+
+Figures are built on `matplotlib.figure.Figure` with an explicit Agg canvas rather than pyplot, so no
+global backend or figure registry is touched (safe in tests, servers and threads). Inputs are plain
+typed series (RunSeries); turning a run into series is the caller's job.
+"""
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from analysis.metrics import BinnedSeries
+
+MAX_COLS = 2
+PANEL_SIZE_IN = (6.0, 3.2)
+DPI = 100
+
+
+@dataclass(frozen=True)
+class RunSeries:
+    """What one run contributes to the plots; times are seconds since the run's t0."""
+
+    run_id: str
+    title: str                                   # from run metadata: cc, rate, flows
+    rate_bit: int | None
+    throughput: dict[str, BinnedSeries] = field(default_factory=dict)   # legend label -> series
+    backlog_t_s: np.ndarray = field(default_factory=lambda: np.empty(0))
+    backlog_bytes: np.ndarray = field(default_factory=lambda: np.empty(0))
+    qdisc_label: str = ""
+
+
+def _grid(n: int) -> tuple[Figure, list[Axes]]:
+    ncols = max(1, min(MAX_COLS, n))
+    nrows = max(1, math.ceil(n / ncols))
+    fig = Figure(figsize=(PANEL_SIZE_IN[0] * ncols, PANEL_SIZE_IN[1] * nrows), dpi=DPI,
+                 layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = list(np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel())
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    return fig, axes[:n]
+
+
+def _png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def _no_data(ax: Axes) -> None:
+    ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="grey")
+
+
+def throughput_png(runs: Sequence[RunSeries]) -> bytes:
+    """One panel per run: per-flow goodput over time (one line per flow), the configured rate dashed."""
+    fig, axes = _grid(len(runs))
+    for ax, run in zip(axes, runs, strict=True):
+        drawn = False
+        for label, series in run.throughput.items():
+            if series.values.size:
+                # stairs: each value spans its whole half-open bin, the last bin included.
+                edges = np.arange(series.values.size + 1) * (series.bin_ns / 1e9)
+                ax.stairs(series.values / 1e6, edges, label=label, linewidth=1.2)
+                drawn = True
+        if run.rate_bit:
+            ax.axhline(run.rate_bit / 1e6, color="black", linestyle="--", linewidth=0.8,
+                       label="configured rate")
+        if not drawn:
+            _no_data(ax)
+        bin_ms = next((s.bin_ns / 1e6 for s in run.throughput.values()), None)
+        ax.set_title(run.title, fontsize=9)
+        ax.set_xlabel("time since t0 (s)")
+        ax.set_ylabel(f"goodput (Mbit/s{f', {bin_ms:g} ms bins' if bin_ms else ''})")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        if drawn:
+            ax.legend(fontsize=7, loc="lower right")
+    return _png(fig)
+
+
+def backlog_png(runs: Sequence[RunSeries]) -> bytes:
+    """One panel per run: backlog (KB) of the bottleneck qdisc at each stats sample."""
+    fig, axes = _grid(len(runs))
+    for ax, run in zip(axes, runs, strict=True):
+        if run.backlog_t_s.size:
+            # steps-post: the sampled backlog holds until the next sample.
+            ax.plot(run.backlog_t_s, run.backlog_bytes / 1e3, drawstyle="steps-post", linewidth=0.8,
+                    label=run.qdisc_label or None)
+            if run.qdisc_label:
+                ax.legend(fontsize=7, loc="upper right")
+        else:
+            _no_data(ax)
+        ax.set_title(run.title, fontsize=9)
+        ax.set_xlabel("time since t0 (s)")
+        ax.set_ylabel("backlog (KB)")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    return _png(fig)
