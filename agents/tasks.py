@@ -151,8 +151,10 @@ class Capture(TaskRunner):
         rest = (await proc.stderr.read()).decode(errors="replace")
         self.meta.update({"interface": self.spec.interface, "snaplen": self.spec.snaplen,
                           **parse_capture_stats(rest)})
-        if self.meta.get("dropped_by_kernel", 0) > 0:
-            self.detail = f"capture dropped {self.meta['dropped_by_kernel']} packets (G-CAPTURE)"
+        lost = self.meta.get("received_by_filter", 0) - self.meta.get("captured", 0)
+        if self.meta.get("dropped_by_kernel", 0) > 0 or lost > 0:
+            self.detail = (f"capture incomplete (G-CAPTURE): {self.meta.get('dropped_by_kernel', 0)} dropped by "
+                           f"kernel, {max(lost, 0)} received but not written")
 
     def artifacts(self) -> list[tuple[Path, str]]:
         path = self.run_dir / self.out_name

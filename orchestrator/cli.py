@@ -153,3 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     sys.exit(args.func(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -42,7 +42,31 @@ class Bfifo(_Strict):
     limit_bytes: int = Field(gt=0)
 
 
-QdiscStage = Annotated[Htb | Tbf | Pfifo | Bfifo, Field(discriminator="kind")]
+class Netem(_Strict):
+    """netem delay line; a following stage hangs under its single class (i:1), like htb's."""
+
+    kind: Literal["netem"] = "netem"
+    delay_ns: int = Field(ge=0, description="constant delay, ns")
+    limit_packets: int = Field(gt=0, description="packets netem may hold (its own and, on some kernels, "
+                                                 "its child's)")
+
+
+class Red(_Strict):
+    """RED with thresholds already converted to bytes at the bottleneck rate (tc-red parameters)."""
+
+    kind: Literal["red"] = "red"
+    limit_bytes: int = Field(gt=0, description="hard queue limit, bytes")
+    min_bytes: int = Field(gt=0, description="lower marking threshold, bytes")
+    max_bytes: int = Field(gt=0, description="upper marking threshold, bytes (> min)")
+    avpkt_bytes: int = Field(gt=0, description="average packet size, bytes")
+    burst_packets: int = Field(gt=0, description="burst allowance; sets the EWMA weight")
+    probability: float = Field(gt=0, le=1, description="marking probability at max")
+    bandwidth_bit: int = Field(gt=0, description="link rate for idle-time averaging, bit/s")
+    ecn: bool = Field(default=False, description="mark ECT packets instead of dropping")
+    adaptive: bool = Field(default=False, description="adapt max_p (adaptive RED)")
+
+
+QdiscStage = Annotated[Htb | Tbf | Pfifo | Bfifo | Netem | Red, Field(discriminator="kind")]
 
 CLASSFUL_KINDS = frozenset({"htb"})
 

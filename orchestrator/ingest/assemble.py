@@ -69,7 +69,8 @@ def sender_ports(run_dir: Path, spec: RunSpec) -> dict[int, int | None]:
     out: dict[int, int | None] = {}
     for f in spec.flows:
         path = run_dir / f.src / f"iperf3-client-{f.port}.json"
-        out[f.flow_id] = parse_iperf3(path.read_text()).local_port if path.exists() else None
+        streams = parse_iperf3(path.read_text()).streams if path.exists() else ()
+        out[f.flow_id] = streams[0].sender_port if streams else None
     return out
 
 

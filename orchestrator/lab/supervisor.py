@@ -14,7 +14,8 @@ from orchestrator.lab.netns import AGENT_ARTIFACTS, inventory_path
 
 def agent_argv(role: str, host: dict, token_file: str, prefix: str) -> list[str]:
     argv = ["ip", "netns", "exec", host["namespace"], sys.executable, "-m", "agents", "--name", role,
-            "--listen", host["agent"], "--token-file", token_file, "--artifacts", str(AGENT_ARTIFACTS / prefix / role)]
+            "--listen", host["agent"], "--token-file", token_file,
+            "--artifacts", str(AGENT_ARTIFACTS / prefix / role)]
     for ifname in host["interfaces"]:
         argv += ["--interface", ifname]
     return argv
@@ -22,7 +23,8 @@ def agent_argv(role: str, host: dict, token_file: str, prefix: str) -> list[str]
 
 def main(state_dir: str) -> int:
     inv = json.loads(inventory_path(Path(state_dir)).read_text())
-    children = {role: subprocess.Popen(agent_argv(role, host, inv["token_file"], inv["prefix"]), stdin=subprocess.DEVNULL)
+    children = {role: subprocess.Popen(agent_argv(role, host, inv["token_file"], inv["prefix"]),
+                                       stdin=subprocess.DEVNULL)
                 for role, host in inv["hosts"].items()}
     (Path(state_dir) / "agents.json").write_text(json.dumps({r: p.pid for r, p in children.items()}))
     stopping = False

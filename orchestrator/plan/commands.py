@@ -1,0 +1,151 @@
+"""`tcplab plan …` commands: validate, expand and table. Output to stdout, problems to stderr.
+
+Each `cmd_*` returns the exit code (0 ok, 2 invalid plan) so the top-level CLI can wire them into its
+argparse tree; `main` is a standalone entry point (`python -m orchestrator.plan validate FILE`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from orchestrator.plan.errors import PlanError
+from orchestrator.plan.expand import expand
+from orchestrator.plan.loader import load_plan, plan_sha256
+from orchestrator.plan.runspec import RunSpec
+
+EXIT_OK, EXIT_INVALID = 0, 2
+
+
+def _guarded(path: str | Path, body: Callable[[], None], err: TextIO) -> int:
+    try:
+        body()
+    except PlanError as exc:
+        for issue in exc.issues:
+            print(issue, file=err)
+        n = len(exc.issues)
+        print(f"{path}: {n} problem{'s' if n != 1 else ''}", file=err)
+        return EXIT_INVALID
+    return EXIT_OK
+
+
+def cmd_validate(path: str | Path, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Check a plan; print a one-line summary, or every problem as FILE:LINE:COL: path: message."""
+    out, err = out or sys.stdout, err or sys.stderr
+
+    def body() -> None:
+        plan = load_plan(path)
+        runs = expand(plan)
+        cells = len({r.run_id.rsplit("-r", 1)[0] for r in runs})
+        print(f"{path}: ok: plan {plan.name}, {len(runs)} runs in {cells} cells, "
+              f"sha256 {plan_sha256(path)[:16]}", file=out)
+    return _guarded(path, body, err)
+
+
+def run_summary(run: RunSpec) -> str:
+    params = " ".join(f"{k}={v}" for k, v in run.params.items() if not isinstance(v, (dict, list)))
+    return f"{run.run_id}  {params}".rstrip()
+
+
+def cmd_expand(path: str | Path, as_json: bool = False, out: TextIO | None = None,
+               err: TextIO | None = None) -> int:
+    """Print every run: one summary line each, or (`as_json`) a JSON list of full RunSpecs."""
+    out, err = out or sys.stdout, err or sys.stderr
+
+    def body() -> None:
+        runs = expand(load_plan(path))
+        if as_json:
+            json.dump([r.model_dump(mode="json") for r in runs], out, indent=2)
+            out.write("\n")
+        else:
+            for r in runs:
+                print(run_summary(r), file=out)
+    return _guarded(path, body, err)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
+
+
+def table_rows(runs: list[RunSpec]) -> tuple[list[str], list[list[str]]]:
+    """One row per cell (repetitions collapsed): experiment, params, derived values, repetitions."""
+    cells: dict[str, list[RunSpec]] = {}
+    for r in runs:
+        cells.setdefault(r.run_id.rsplit("-r", 1)[0], []).append(r)
+    param_keys: list[str] = []
+    derived_keys: list[str] = []
+    for r in runs:
+        param_keys += [k for k in r.params if k not in param_keys]
+        derived_keys += [k for k in r.derived if k not in derived_keys]
+    # Derived values equal in every row say nothing about the cells: they go to the footer instead.
+    derived_keys = [k for k in derived_keys if len({_cell(r.derived.get(k, "")) for r in runs}) > 1]
+    header = ["experiment", *param_keys, *derived_keys, "reps", "run id"]
+    rows = []
+    for stem, group in cells.items():
+        r = group[0]
+        rows.append([r.experiment, *(_cell(r.params.get(k, "")) for k in param_keys),
+                     *(_cell(r.derived.get(k, "")) for k in derived_keys), str(len(group)), stem])
+    return header, rows
+
+
+def constant_footer(runs: list[RunSpec]) -> str:
+    """Derived values shared by every run, on one line."""
+    if not runs:
+        return "no runs"
+    same = {k: v for k, v in runs[0].derived.items()
+            if all(_cell(r.derived.get(k, "")) == _cell(v) for r in runs)}
+    return "same in every run: " + (", ".join(f"{k}={_cell(v)}" for k, v in same.items()) or "-")
+
+
+def render_table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def cmd_table(path: str | Path, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Print the plan as a table: one row per cell with its params and derived values."""
+    out, err = out or sys.stdout, err or sys.stderr
+
+    def body() -> None:
+        runs = expand(load_plan(path), order="cells")  # the table follows the plan, not the run order
+        print(render_table(*table_rows(runs)), file=out)
+        print(constant_footer(runs), file=out)
+    return _guarded(path, body, err)
+
+
+def add_parser(sub: Any) -> None:
+    """Add `plan {validate,expand,table}` to an argparse subparsers object (for the top-level CLI)."""
+    plan = sub.add_parser("plan", help="check and expand experiment plans")
+    cmds = plan.add_subparsers(dest="plan_cmd", required=True)
+    cmds.add_parser("validate", help="check a plan; list every problem").add_argument("file")
+    ex = cmds.add_parser("expand", help="list the runs of a plan")
+    ex.add_argument("file")
+    ex.add_argument("--json", action="store_true", help="print full run specs as a JSON list")
+    cmds.add_parser("table", help="one row per cell with params and derived values").add_argument("file")
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    if args.plan_cmd == "validate":
+        return cmd_validate(args.file)
+    if args.plan_cmd == "expand":
+        return cmd_expand(args.file, args.json)
+    return cmd_table(args.file)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.plan")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    add_parser(sub)
+    args = parser.parse_args(["plan", *(argv if argv is not None else sys.argv[1:])])
+    return dispatch(args)

@@ -1,0 +1,77 @@
+"""Plan expansion: `expand(plan) -> list[RunSpec]`, pure and deterministic.
+
+Run ids are `<plan>-<experiment>[-<arm>]-<hash>-r<repetition>`, where the hash covers the whole
+resolved run (not only the varied values): an id then names one configuration for good, and editing
+anything that changes a run gives it a new id, so the engine never mistakes an old result for a new run.
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+from typing import Any, Literal
+
+from orchestrator.plan.build import capture_points, flow_specs, host_plans, qdisc_stat_links
+from orchestrator.plan.checks import param_name
+from orchestrator.plan.derive import derived_values
+from orchestrator.plan.errors import Marks, PlanError, locate_all
+from orchestrator.plan.model import Plan
+from orchestrator.plan.paths import get_in
+from orchestrator.plan.quantities import Quantity
+from orchestrator.plan.runspec import RunSpec
+from orchestrator.plan.validate import Resolved, check_document
+
+
+def run_params(plan: Plan, r: Resolved) -> dict[str, Any]:
+    """The values that define the run: as written (`rate: '20mbit'`) and as numbers (`rate_bit`)."""
+    params: dict[str, Any] = {}
+    if r.cell.arm is not None:
+        params["arm"] = r.cell.arm
+    for a in r.cell.assignments:
+        name = param_name(plan, a.dotted)
+        params[name] = a.value
+        value = get_in(r.run, a.path)
+        if isinstance(value, Quantity):
+            params[f"{name}_{value.suffix}"] = value.number
+    return params
+
+
+def run_seed(plan: Plan, key: str, repetition: int) -> int:
+    """A per-run seed from the plan seed, the run's hash and the repetition (stable, recorded)."""
+    text = f"{plan.seed}/{key}/{repetition}".encode()
+    return int.from_bytes(hashlib.sha256(text).digest()[:6], "big")
+
+
+def _run_specs(plan: Plan, r: Resolved) -> list[RunSpec]:
+    t = r.run
+    stats, interval = qdisc_stat_links(t)
+    stem = "-".join([plan.name, r.cell.experiment] + ([r.cell.arm] if r.cell.arm else []) + [r.key])
+    common: dict[str, Any] = dict(
+        plan_name=plan.name, experiment=r.cell.experiment, params=run_params(plan, r),
+        derived=derived_values(t), duration_s=t.duration.seconds, hosts=host_plans(t, plan.roles),
+        flows=flow_specs(t), captures=capture_points(t), qdisc_stats=stats, qdisc_stats_interval_ms=interval,
+        tcp_probe=t.tcp_probe)
+    return [RunSpec(run_id=f"{stem}-r{rep}", repetition=rep, seed=run_seed(plan, r.key, rep), **common)
+            for rep in range(r.cell.repetitions)]
+
+
+def order_runs(plan: Plan, per_cell: list[list[RunSpec]], order: str | None = None) -> list[RunSpec]:
+    """`cells`: cell by cell; `rounds`: repetition 0 of every cell, then 1, ...; `random`: shuffled rounds."""
+    order = order or plan.order
+    if order == "cells":
+        return [run for runs in per_cell for run in runs]
+    rounds = max((len(runs) for runs in per_cell), default=0)
+    out = []
+    for rep in range(rounds):
+        batch = [runs[rep] for runs in per_cell if rep < len(runs)]
+        if order == "random":
+            random.Random(plan.seed * 1_000_003 + rep).shuffle(batch)
+        out += batch
+    return out
+
+
+def expand(plan: Plan, *, order: Literal["cells", "rounds", "random"] | None = None) -> list[RunSpec]:
+    """Every run of the plan, in the plan's run order (or `order`). Raises PlanError if the plan is invalid."""
+    checked = check_document(plan.model_dump(exclude_unset=True))
+    if checked.problems:
+        raise PlanError(locate_all(checked.problems, Marks({}, {}), f"<plan {plan.name}>"))
+    return order_runs(plan, [_run_specs(plan, r) for r in checked.runs], order)

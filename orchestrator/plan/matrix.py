@@ -1,0 +1,164 @@
+"""Matrix expansion: from a plan to its cells (experiment, arm, and the field values that define a run).
+
+A cell is a list of assignments (canonical field path, value, and where in the plan the value was
+written, so a problem found later points at that line). Order is deterministic: experiments in plan
+order, then arms, then the product of the axes (first axis slowest) and zip groups, then `include`.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from orchestrator.plan.canon import canonical_json
+from orchestrator.plan.errors import Path
+from orchestrator.plan.model import DEFAULT_EXPERIMENT, Arm, Matrix, Plan
+from orchestrator.plan.paths import Target, resolve
+from orchestrator.plan.template import RunTemplate
+
+MAX_RUNS = 20_000   # a typo in a matrix (an axis of 1000 values) should fail fast, not expand for minutes
+
+
+@dataclass(frozen=True)
+class Assignment:
+    dotted: str          # the path as written
+    path: Path           # canonical path into the run template
+    value: Any           # the value as written (JSON-able)
+    origin: Path         # where the value sits in the plan document
+
+
+@dataclass(frozen=True)
+class View:
+    """One experiment as the matrix sees it."""
+
+    name: str
+    origin: Path                                   # plan path of the experiment (() for the implicit one)
+    sets: tuple[Assignment, ...]
+    matrix: Matrix
+    matrix_origin: Path
+    arms: tuple[tuple[int, Arm], ...]              # (index in plan.arms, arm)
+    repetitions: int
+
+
+@dataclass(frozen=True)
+class Cell:
+    experiment: str
+    arm: str | None
+    assignments: tuple[Assignment, ...]
+    repetitions: int
+
+
+@lru_cache(maxsize=4096)
+def target(dotted: str) -> Target:
+    """Resolve a dotted path against the run template (cached; raises PathError)."""
+    return resolve(RunTemplate, dotted)
+
+
+@lru_cache(maxsize=4096)
+def adapter(dotted: str) -> TypeAdapter[Any] | None:
+    annotation = target(dotted).annotation
+    return None if annotation is None else TypeAdapter(annotation)
+
+
+def assign(dotted: str, value: Any, origin: Path) -> Assignment:
+    return Assignment(dotted, target(dotted).path, value, origin)
+
+
+def value_key(a: Assignment) -> str:
+    """Canonical text of an assignment's value: `20Mbit` and `20mbit` give the same key."""
+    ta = adapter(a.dotted)
+    try:
+        return canonical_json(ta.validate_python(a.value) if ta else a.value)
+    except ValidationError:
+        return canonical_json(a.value)
+
+
+def views(plan: Plan) -> list[View]:
+    def arm_list(names: list[str] | None) -> tuple[tuple[int, Arm], ...]:
+        indexed = list(enumerate(plan.arms))
+        if names is None:
+            return tuple(indexed)
+        by_name = {arm.name: (i, arm) for i, arm in indexed}
+        return tuple(by_name[n] for n in names if n in by_name)
+
+    if not plan.experiments:
+        return [View(DEFAULT_EXPERIMENT, (), (), plan.matrix, ("matrix",), arm_list(None), plan.repetitions)]
+    out = []
+    for i, exp in enumerate(plan.experiments):
+        origin: Path = ("experiments", i)
+        sets = tuple(assign(d, v, origin + ("set", d)) for d, v in exp.set.items())
+        matrix, m_origin = ((exp.matrix, origin + ("matrix",)) if exp.matrix is not None
+                            else (plan.matrix, ("matrix",)))
+        out.append(View(exp.name, origin, sets, matrix, m_origin, arm_list(exp.arms),
+                        exp.repetitions or plan.repetitions))
+    return out
+
+
+def _groups(matrix: Matrix, origin: Path) -> list[list[tuple[Assignment, ...]]]:
+    groups = [[(assign(d, v, origin + ("axes", d, k)),) for k, v in enumerate(values)]
+              for d, values in matrix.axes.items()]
+    for g, group in enumerate(matrix.zip):
+        n = min(len(values) for values in group.values()) if group else 0
+        groups.append([tuple(assign(d, values[k], origin + ("zip", g, d, k)) for d, values in group.items())
+                       for k in range(n)])
+    return groups
+
+
+def _matches(entry: dict[str, Any], cell: tuple[Assignment, ...]) -> bool:
+    by_path = {a.path: a for a in cell}
+    for dotted, value in entry.items():
+        a = by_path.get(target(dotted).path)
+        if a is None or value_key(a) != value_key(Assignment(dotted, a.path, value, ())):
+            return False
+    return True
+
+
+def matrix_cells(matrix: Matrix, origin: Path) -> list[tuple[Assignment, ...]]:
+    """Product of axes and zip groups, minus excluded cells, plus included ones; duplicates dropped."""
+    groups = _groups(matrix, origin)
+    if groups:
+        base = [sum(combo, ()) for combo in itertools.product(*groups)]
+    else:
+        base = [] if matrix.include else [()]
+    kept = [c for c in base if not any(_matches(e, c) for e in matrix.exclude)]
+    kept += [tuple(assign(d, v, origin + ("include", n, d)) for d, v in entry.items())
+             for n, entry in enumerate(matrix.include)]
+    seen: set[tuple[tuple[str, str], ...]] = set()
+    out = []
+    for cell in kept:
+        key = tuple(sorted((repr(a.path), value_key(a)) for a in cell))
+        if key not in seen:
+            seen.add(key)
+            out.append(cell)
+    return out
+
+
+def count_runs(plan: Plan) -> int:
+    """Upper bound of the number of runs, computed without expanding (guards MAX_RUNS)."""
+    total = 0
+    for view in views(plan):
+        m = view.matrix
+        sizes = [len(v) for v in m.axes.values()] + [min((len(v) for v in g.values()), default=0)
+                                                      for g in m.zip]
+        cells = (math.prod(sizes) if sizes else (0 if m.include else 1)) + len(m.include)
+        total += cells * max(1, len(view.arms)) * view.repetitions
+    return total
+
+
+def iter_cells(plan: Plan) -> Iterator[Cell]:
+    for view in views(plan):
+        cells = matrix_cells(view.matrix, view.matrix_origin)
+        arms: list[tuple[int, Arm] | None] = list(view.arms) or [None]
+        for arm_entry in arms:
+            arm_sets: tuple[Assignment, ...] = ()
+            if arm_entry is not None:
+                j, arm = arm_entry
+                arm_sets = tuple(assign(d, v, ("arms", j, "set", d)) for d, v in arm.set.items())
+            for cell in cells:
+                yield Cell(view.name, arm_entry[1].name if arm_entry else None,
+                           view.sets + arm_sets + cell, view.repetitions)

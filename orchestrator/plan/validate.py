@@ -1,0 +1,129 @@
+"""The validation passes over a plan document, collecting every problem before giving up.
+
+1. the plan model (structure, types, units of the template);  2. every varied value against the field
+it sets (runs even if pass 1 failed elsewhere);  3. plan-wide rules;  4. every cell resolved into a run
+template and checked as a run. Problems found in a resolved run are mapped back to where the offending
+value was written (the axis value, the experiment's `set`, or the template), and a problem shared by
+many cells is reported once with a count.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from orchestrator.plan.canon import digest
+from orchestrator.plan.checks import assignment_problems, plan_problems, run_problems
+from orchestrator.plan.diagnose import problems_from
+from orchestrator.plan.errors import Path, Problem
+from orchestrator.plan.matrix import Cell, iter_cells
+from orchestrator.plan.model import Plan
+from orchestrator.plan.paths import PathError, set_in
+from orchestrator.plan.template import RunTemplate
+
+
+@dataclass(frozen=True)
+class Resolved:
+    cell: Cell
+    run: RunTemplate
+    key: str            # short hash of the resolved run (with experiment, arm and roles)
+
+
+@dataclass
+class Checked:
+    plan: Plan | None
+    runs: list[Resolved] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+
+
+def describe(cell: Cell) -> str:
+    parts = [f"experiment {cell.experiment}"] + ([f"arm {cell.arm}"] if cell.arm else [])
+    parts += [f"{a.dotted}={a.value}" for a in cell.assignments if isinstance(a.value, (str, int, float))]
+    return ", ".join(parts)
+
+
+def _to_plan(path: Path, cell: Cell) -> Path:
+    """Where in the plan document a path of the resolved run was written."""
+    best = None
+    for a in cell.assignments:
+        if path[:len(a.path)] == a.path and (best is None or len(a.path) >= len(best.path)):
+            best = a
+    return best.origin + path[len(best.path):] if best else ("run",) + path
+
+
+def resolve_cell(plan: Plan, template_doc: Any, cell: Cell) -> tuple[RunTemplate | None, list[Problem]]:
+    """The run template of one cell, or the problems (in plan-document paths) that prevent it."""
+    doc = template_doc
+    for a in cell.assignments:
+        try:
+            doc = set_in(doc, a.path, a.value)
+        except PathError as exc:
+            return None, [Problem(a.origin, str(exc))]
+    try:
+        run = RunTemplate.model_validate(doc)
+    except ValidationError as exc:
+        return None, [Problem(_to_plan(p.path, cell), p.message, p.at_key)
+                      for p in problems_from(exc, doc, RunTemplate)]
+    return run, [Problem(_to_plan(p.path, cell), p.message, p.at_key) for p in run_problems(run, plan.roles)]
+
+
+def resolve_runs(plan: Plan, template_doc: Any) -> tuple[list[Resolved], list[Problem]]:
+    """Every cell resolved; problems shared by several cells are merged into one with a count."""
+    runs: list[Resolved] = []
+    found: dict[Problem, list[Cell]] = defaultdict(list)
+    seen: dict[str, Cell] = {}
+    cells = list(iter_cells(plan))
+    for cell in cells:
+        run, problems = resolve_cell(plan, template_doc, cell)
+        for p in problems:
+            found[p].append(cell)
+        if run is None:
+            continue
+        key = digest({"experiment": cell.experiment, "arm": cell.arm, "roles": plan.roles, "run": run})
+        if key in seen:
+            origin = cell.assignments[-1].origin if cell.assignments else ("matrix",)
+            found[Problem(origin, f"gives the same run as another cell ({describe(seen[key])})")].append(cell)
+            continue
+        seen[key] = cell
+        runs.append(Resolved(cell, run, key))
+    out = []
+    for p, where in found.items():
+        if len(cells) > 1 and len(where) < len(cells):
+            extra = f" (in {len(where)} of {len(cells)} cells, e.g. {describe(where[0])})"
+            p = Problem(p.path, p.message + extra, p.at_key)
+        out.append(p)
+    return runs, out
+
+
+def _template_problems(doc: Any) -> list[Problem]:
+    """Run rules on the bare template, so a broken matrix does not hide a flow longer than the run."""
+    if not isinstance(doc, dict):
+        return []
+    try:
+        run = RunTemplate.model_validate(doc.get("run"))
+    except ValidationError:
+        return []  # already reported by the plan model
+    roles = doc.get("roles")
+    if not (isinstance(roles, list) and roles and all(isinstance(r, str) for r in roles)):
+        roles = list(Plan.model_fields["roles"].default)
+    return [Problem(("run",) + p.path, p.message, p.at_key) for p in run_problems(run, roles)]
+
+
+def check_document(doc: Any) -> Checked:
+    """Run every pass over a raw plan document (plain dicts/lists as read from YAML)."""
+    problems: list[Problem] = []
+    plan = None
+    try:
+        plan = Plan.model_validate(doc)
+    except ValidationError as exc:
+        problems += problems_from(exc, doc, Plan)
+    problems += assignment_problems(doc)
+    if plan is None or problems:
+        return Checked(plan, [], problems + _template_problems(doc))
+    problems = plan_problems(plan)
+    if problems:
+        return Checked(plan, [], problems)
+    runs, problems = resolve_runs(plan, doc["run"])
+    return Checked(plan, runs, problems)

@@ -1,0 +1,142 @@
+"""Realistic result data for the DB tests: RunIngest builders and DB content readers.
+
+Arrays mimic real captures (two flows, IPv4 and IPv6, 32-bit sequence numbers, missing TCP
+timestamps as -1); readers use plain SELECTs, independent of the code under test.
+"""
+from __future__ import annotations
+
+import datetime as dt
+
+import numpy as np
+from sqlalchemy import Engine, func, select
+
+from orchestrator.ingest import records
+from orchestrator.storage import tables
+from orchestrator.storage.ingest import RunIngest
+
+PLAN_SHA = "a" * 64
+T0_NS = 1_732_170_000_000_000_000
+POINTS = ("client:to-aqm", "aqm:to-server")
+
+
+def packets(n: int, rng: np.random.Generator, t0_ns: int = T0_NS) -> np.ndarray:
+    """n packets of two flows (IPv4 and IPv6) with strictly increasing timestamps."""
+    a = np.zeros(n, records.PACKET)
+    a["ts_ns"] = t0_ns + np.cumsum(rng.integers(1_000, 120_000, n))
+    v6 = rng.random(n) < 0.3
+    a["src_addr"] = np.where(v6, "fd00:0:0:1::2", "10.0.1.2")
+    a["dst_addr"] = np.where(v6, "fd00:0:0:3::2", "10.0.3.2")
+    a["src_port"] = np.where(v6, 40_001, 40_000)
+    a["dst_port"] = np.where(v6, 5_202, 5_201)
+    a["seq"] = rng.integers(0, 2**32, n)
+    a["ack"] = rng.integers(0, 2**32, n)
+    a["payload_len"] = rng.choice([0, 1448], n)
+    a["ip_len"] = a["payload_len"] + 52
+    a["tcp_flags"] = rng.choice([0x10, 0x18, 0x02, 0x12, 0x11], n)
+    a["ecn"] = rng.integers(0, 4, n)
+    a["ip_id"] = rng.integers(0, 65_536, n)
+    a["tsval"] = np.where(rng.random(n) < 0.05, -1, rng.integers(0, 2**32, n))
+    a["tsecr"] = np.where(a["tsval"] < 0, -1, rng.integers(0, 2**32, n))
+    return a
+
+
+def tcp_probes(n: int, rng: np.random.Generator) -> np.ndarray:
+    a = np.zeros(n, records.TCP_PROBE)
+    a["ts_ns"] = T0_NS + np.cumsum(rng.integers(10_000, 2_000_000, n))
+    a["saddr"], a["sport"], a["daddr"], a["dport"] = "10.0.1.2", 40_000, "10.0.3.2", 5_201
+    a["snd_cwnd"] = rng.integers(10, 2_000, n)
+    a["ssthresh"] = 2_147_483_647
+    a["srtt_us"] = rng.integers(20_000, 80_000, n)
+    a["snd_wnd"] = a["rcv_wnd"] = 3_145_728
+    a["snd_nxt"] = rng.integers(0, 2**32, n)
+    a["snd_una"] = a["snd_nxt"] - 1448
+    a["data_len"] = 1448
+    a["sock_cookie"] = 2**62 + 7  # cookies use the full 64 bits
+    return a
+
+
+def qdisc_samples(n: int, rng: np.random.Generator) -> np.ndarray:
+    a = np.zeros(n, records.QDISC_SAMPLE)
+    a["ts_ns"] = T0_NS + np.arange(n, dtype=np.int64) * 10_000_000
+    a["handle"], a["parent"], a["kind"] = "1:", "root", "fq_codel"
+    a["packets"] = np.cumsum(rng.integers(0, 900, n))
+    a["bytes"] = a["packets"] * 1500
+    a["drops"] = np.cumsum(rng.integers(0, 2, n))
+    a["backlog_bytes"] = rng.integers(0, 300_000, n)
+    a["qlen"] = a["backlog_bytes"] // 1500
+    return a
+
+
+def iperf_intervals(n: int, rng: np.random.Generator, port: int) -> np.ndarray:
+    a = np.zeros(n, records.IPERF_INTERVAL)
+    a["stream_port"] = port
+    a["start_s"] = np.arange(n) * 0.1
+    a["end_s"] = a["start_s"] + 0.1
+    a["bytes"] = rng.integers(1_000_000, 2_000_000, n)
+    a["bits_per_second"] = a["bytes"] * 80.0
+    a["retransmits"] = rng.integers(0, 5, n)
+    a["snd_cwnd"] = rng.integers(14_480, 2_000_000, n)
+    a["rtt_us"] = rng.integers(20_000, 80_000, n)
+    return a
+
+
+def run_row(run_id: str, status: str = "complete", plan_sha256: str | None = PLAN_SHA) -> dict:
+    return {
+        "run_id": run_id, "plan_sha256": plan_sha256, "plan_name": "quickstart", "experiment": "fq_codel",
+        "repetition": 0, "seed": 42, "status": status,
+        "params": {"aqm": "fq_codel", "rtt_ms": 40}, "derived": {"bdp_bytes": 500_000},
+        "spec": {"run_id": run_id, "duration_s": 30.0}, "tags": ["smoke"], "t0_ns": T0_NS,
+        "duration_s": 30.0, "started_at": dt.datetime(2024, 11, 21, 6, 0, tzinfo=dt.UTC),
+        "finished_at": dt.datetime(2024, 11, 21, 6, 1, tzinfo=dt.UTC), "error": None, "flags": [],
+    }
+
+
+def plan_row(sha: str = PLAN_SHA, path: str = "experiments/quickstart.yaml") -> dict:
+    return {"plan_sha256": sha, "name": "quickstart", "path": path, "text": "name: quickstart\n",
+            "created_at": dt.datetime(2024, 11, 21, 5, 0, tzinfo=dt.UTC)}
+
+
+def make_run_ingest(run_id: str = "quickstart-0000", n_packets: int = 100_000, seed: int = 1,
+                    status: str = "complete", plan: dict | None = None) -> RunIngest:
+    """A run shaped like a real one: 2 flows, 2 capture points, tcp_probe, 2 qdisc pollers, iperf."""
+    rng = np.random.default_rng(seed)
+    half = n_packets // 2
+    flows = [{"flow_id": i, "src_host": "client", "dst_host": "server", "src_addr": src,
+              "dst_addr": dst, "src_port": 40_000 + i, "dst_port": 5_201 + i, "cc": cc,
+              "start_s": 0.0, "duration_s": 30.0, "tool": "iperf3"}
+             for i, (src, dst, cc) in enumerate([("10.0.1.2", "10.0.3.2", "cubic"),
+                                                  ("fd00:0:0:1::2", "fd00:0:0:3::2", "bbr")])]
+    return RunIngest(
+        run=run_row(run_id, status, PLAN_SHA),
+        plan=plan if plan is not None else plan_row(),
+        flows=flows,
+        artifacts=[{"host": h, "name": f"{h}.pcap", "kind": "pcap", "path": f"artifacts/{h}.pcap",
+                    "size": 123_456, "sha256": "b" * 64, "meta": {"snaplen": 128}}
+                   for h in ("client", "aqm")],
+        evidence=[{"host": h, "phase": p, "data": {"kernel": "6.1.0", "sysctls": {"net.core.x": "1"}}}
+                  for h in ("client", "aqm", "server") for p in ("hello", "apply")],
+        packets=[(POINTS[0], packets(half, rng)), (POINTS[1], packets(n_packets - half, rng))],
+        tcp_probe=[("client", tcp_probes(3_000, rng))],
+        qdisc_samples=[("aqm", "veth-srv", qdisc_samples(1_000, rng)),
+                       ("aqm", "veth-cli", qdisc_samples(1_000, rng))],
+        iperf_intervals=[(0, iperf_intervals(300, rng, 40_000)), (1, iperf_intervals(300, rng, 40_001))],
+    )
+
+
+def table_counts(engine: Engine, run_id: str | None = None) -> dict[str, int]:
+    """Rows per table (of one run, or all), read with plain SQL independent of the writer."""
+    out = {}
+    with engine.connect() as conn:
+        for t in tables.metadata.sorted_tables:
+            stmt = select(func.count()).select_from(t)
+            if run_id is not None and "run_id" in t.c:
+                stmt = stmt.where(t.c.run_id == run_id)
+            out[t.name] = conn.scalar(stmt)
+    return out
+
+
+def snapshot(engine: Engine) -> dict[str, list[tuple]]:
+    """Every row of every table, sorted: equality means the DB content is identical."""
+    with engine.connect() as conn:
+        return {t.name: sorted(tuple(map(repr, r)) for r in conn.execute(select(t)))
+                for t in tables.metadata.sorted_tables}

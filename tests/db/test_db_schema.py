@@ -1,0 +1,162 @@
+"""orchestrator.storage.db and the Alembic migrations: the migrated schema is exactly tables.py."""
+from __future__ import annotations
+
+import sqlite3
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from dbdata import plan_row
+from sqlalchemy import Column, MetaData, String, inspect, text
+
+from orchestrator.storage import tables
+from orchestrator.storage.db import (
+    alembic_config,
+    current_revision,
+    default_db_url,
+    head_revision,
+    normalize_url,
+    open_db,
+)
+from orchestrator.storage.ingest import BULK_LAYOUTS
+
+
+def test_migrated_schema_equals_metadata(engine) -> None:
+    with engine.connect() as conn:
+        ctx = MigrationContext.configure(conn, opts={"compare_type": True, "compare_server_default": True})
+        diff = compare_metadata(ctx, tables.metadata)
+    assert diff == []
+    assert current_revision(engine) == head_revision() == "0001"
+    names = set(inspect(engine).get_table_names())
+    assert names == set(tables.metadata.tables) | {"alembic_version"}
+
+
+def test_bulk_indexes_exist(engine) -> None:
+    insp = inspect(engine)
+    got = {t: {ix["name"]: ix["column_names"] for ix in insp.get_indexes(t)}
+           for t in ("packet", "tcp_probe", "qdisc_sample", "iperf_interval")}
+    assert got == {
+        "packet": {"ix_packet_run_point_ts": ["run_id", "point", "ts_ns"]},
+        "tcp_probe": {"ix_tcp_probe_run_id": ["run_id"]},
+        "qdisc_sample": {"ix_qdisc_sample_run_id": ["run_id"]},
+        "iperf_interval": {"ix_iperf_interval_run_id": ["run_id"]},
+    }
+
+
+def test_open_db_is_idempotent_and_keeps_data(db_url) -> None:
+    eng = open_db(db_url)
+    with eng.begin() as conn:
+        conn.execute(tables.plan.insert(), [plan_row()])
+    eng.dispose()
+    eng = open_db(db_url)
+    try:
+        with eng.connect() as conn:
+            assert conn.scalar(text("SELECT count(*) FROM plan")) == 1
+            assert conn.scalar(text("SELECT count(*) FROM alembic_version")) == 1
+    finally:
+        eng.dispose()
+
+
+def test_downgrade_removes_every_table(engine) -> None:
+    with engine.begin() as conn:
+        command.downgrade(alembic_config(conn), "base")
+    assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
+
+
+def test_sqlite_file_parent_dirs_pragmas(tmp_path) -> None:
+    path = tmp_path / "a" / "b" / "tcplab.db"
+    eng = open_db(f"sqlite:///{path}")
+    try:
+        assert path.is_file()
+        with eng.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+            assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+    finally:
+        eng.dispose()
+    # The journal mode is persistent in the file: other tools (sqlite3 CLI, analysis) see WAL too.
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_sqlite_foreign_keys_enforced(tmp_path) -> None:
+    eng = open_db(f"sqlite:///{tmp_path}/x.db")
+    try:
+        with pytest.raises(Exception, match="FOREIGN KEY"):
+            with eng.begin() as conn:
+                conn.execute(tables.host_evidence.insert(), [{"run_id": "nope", "host": "h",
+                                                              "phase": "hello", "data": {}}])
+    finally:
+        eng.dispose()
+
+
+def test_default_db_url(monkeypatch) -> None:
+    monkeypatch.delenv("TCPLAB_DB", raising=False)
+    assert default_db_url() == "sqlite:///results/tcplab.db"
+    monkeypatch.setenv("TCPLAB_DB", "postgresql://u@h/db")
+    assert default_db_url() == "postgresql://u@h/db"
+
+
+def test_open_db_default_is_results_dir_under_cwd(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("TCPLAB_DB", raising=False)
+    monkeypatch.chdir(tmp_path)
+    eng = open_db()
+    eng.dispose()
+    assert (tmp_path / "results" / "tcplab.db").is_file()
+
+
+@pytest.mark.parametrize("url, driver", [
+    ("postgresql://u:p@h:5433/db", "postgresql+psycopg"),
+    ("postgres://u@h/db", "postgresql+psycopg"),
+    ("postgresql+psycopg://u@h/db", "postgresql+psycopg"),
+    ("sqlite:///x.db", "sqlite"),
+])
+def test_normalize_url_maps_postgres_to_psycopg3(url, driver) -> None:
+    parsed = normalize_url(url)
+    assert parsed.drivername == driver
+    assert parsed.database in ("db", "x.db")
+
+
+@pytest.mark.postgres
+def test_open_db_accepts_plain_postgresql_url(pg_url) -> None:
+    plain = pg_url.replace("postgresql+psycopg://", "postgresql://")
+    eng = open_db(plain)
+    try:
+        assert eng.dialect.driver == "psycopg"
+        assert current_revision(eng) == head_revision()
+    finally:
+        eng.dispose()
+
+
+def test_bulk_layouts_cover_every_column() -> None:
+    for layout in BULK_LAYOUTS:
+        assert sorted(layout.columns) == sorted(layout.table.columns.keys()), layout.table.name
+
+
+def test_schema_comparison_would_see_a_difference(engine) -> None:
+    """Guards the equality test above: a drifted model (extra column, dropped index) is reported."""
+    drifted = MetaData()
+    for table in tables.metadata.sorted_tables:
+        copy = table.to_metadata(drifted)
+        if table.name == "run":
+            copy.append_column(Column("kernel_variant", String(64), nullable=True))
+        if table.name == "tcp_probe":
+            copy.indexes.clear()
+    with engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), drifted)
+    kinds = sorted(d[0] for d in diff)
+    assert kinds == ["add_column", "remove_index"]
+
+
+def test_concurrent_open_db_on_a_fresh_database(db_url) -> None:
+    """Several processes (here threads) starting on an empty DB migrate it once, without errors."""
+    def opener(_: int) -> str | None:
+        eng = open_db(db_url)
+        try:
+            return current_revision(eng)
+        finally:
+            eng.dispose()
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        assert list(pool.map(opener, range(4))) == [head_revision()] * 4

@@ -1,0 +1,94 @@
+"""orchestrator.ingest.iperf3 on real iperf3 3.12 -J output (tests/fixtures/ingest/capture_fixtures.sh).
+
+iperf3_client.json / iperf3_server.json: one test, `-t 1 -i 0.1 -b 8M -C cubic` (its packets are in
+eth.pcap); *_P2: two parallel streams (-P 2, -i 0.2); *_R: reverse mode with reno (the server sends);
+iperf3_client_refused.json: a client pointed at a port with no listener.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from orchestrator.ingest.iperf3 import Iperf3FormatError, parse_iperf3
+from orchestrator.ingest.pcap import read_pcap
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "ingest"
+
+
+def load(name: str):
+    return parse_iperf3((FIX / name).read_text())
+
+
+def test_client_sender_run():
+    r = load("iperf3_client.json")
+    assert (r.role, r.sender, r.reverse, r.protocol, r.version) == ("client", True, False, "TCP", "iperf 3.12")
+    assert (r.sender_cc, r.receiver_cc, r.error, r.ok) == ("cubic", "cubic", None, True)
+    (s,) = r.streams
+    assert (s.local_host, s.local_port, s.remote_host, s.remote_port) == ("10.198.1.1", 40064, "10.198.1.2", 5299)
+    assert s.sender_port == 40064
+    assert (s.bytes_sent, s.bytes_received, s.retransmits) == (1048576, 1048576, 0)
+    assert (s.max_snd_cwnd_bytes, s.min_rtt_us, s.mean_rtt_us, s.max_rtt_us) == (220096, 49, 187, 260)
+    assert (r.bytes_sent, r.bytes_received, r.retransmits, r.start_unix_s) == (1048576, 1048576, 0, 1795241021)
+    iv = r.intervals
+    assert iv.size == 10 and (iv["stream_port"] == 40064).all()
+    assert iv[0].tolist() == (40064, 0.0, 0.100078, 131072, 10477587.31232865, 0, 127424, 49)
+    np.testing.assert_allclose(iv["start_s"][1:], iv["end_s"][:-1])
+    assert iv["bytes"].sum() == r.bytes_sent
+
+
+def test_server_receiver_run_knows_only_its_side():
+    r = load("iperf3_server.json")
+    assert (r.role, r.sender, r.reverse, r.sender_cc, r.receiver_cc) == ("server", False, False, None, "cubic")
+    (s,) = r.streams
+    assert (s.local_port, s.remote_port, s.sender_port) == (5299, 40064, 40064)   # same key as the client
+    # iperf3 prints 0 for what a receiving server cannot know; the parser says "unknown".
+    assert (s.bytes_sent, s.bytes_received, s.retransmits, s.max_snd_cwnd_bytes) == (None, 1048576, None, None)
+    assert (r.bytes_sent, r.bytes_received, r.retransmits) == (None, 1048576, None)
+    assert r.intervals.tolist() == [(40064, 0.0, 1.000188, 1048576, 8387031.2964093164, -1, -1, -1)]
+
+
+def test_parallel_streams_are_kept_apart():
+    client, server = load("iperf3_client_P2.json"), load("iperf3_server_P2.json")
+    ports = [s.sender_port for s in client.streams]
+    assert ports == [40080, 40088] == [s.sender_port for s in server.streams]
+    iv = client.intervals
+    assert iv.size == 10 and list(iv["stream_port"][:4]) == [40080, 40088, 40080, 40088]
+    for s in client.streams:
+        assert iv["bytes"][iv["stream_port"] == s.sender_port].sum() == s.bytes_sent == 524288
+    assert client.bytes_sent == 1048576 and server.bytes_received == 1048576
+
+
+def test_reverse_mode_sender_is_the_server():
+    client, server = load("iperf3_client_R.json"), load("iperf3_server_R.json")
+    assert (client.sender, client.reverse, client.sender_cc) == (False, True, "reno")
+    assert (server.sender, server.reverse, server.sender_cc, server.role) == (True, True, "reno", "server")
+    (c,), (s,) = client.streams, server.streams
+    assert c.sender_port == s.sender_port == 5299
+    # The client learns the server's byte/retransmit counts but not its cwnd/RTT (printed as 0).
+    assert (c.bytes_sent, c.retransmits, c.max_snd_cwnd_bytes, c.mean_rtt_us) == (524288, 0, None, None)
+    assert (s.bytes_sent, s.bytes_received, s.max_snd_cwnd_bytes, s.mean_rtt_us) == (524288, None, 163624, 116)
+    assert (client.intervals["retransmits"] == -1).all() and (client.intervals["rtt_us"] == -1).all()
+    assert server.intervals["snd_cwnd"].tolist() == [163624]
+
+
+def test_connection_refused_is_an_error_value():
+    r = load("iperf3_client_refused.json")
+    assert r.error == "unable to connect to server: Connection refused" and not r.ok
+    assert (r.role, r.sender, r.streams, r.intervals.size, r.bytes_sent) == (None, None, (), 0, None)
+
+
+def test_stream_ports_match_the_packet_capture():
+    pkts = read_pcap(FIX / "eth.pcap")
+    (s,) = load("iperf3_client.json").streams
+    data = pkts[(pkts["src_port"] == s.sender_port) & (pkts["payload_len"] > 0)]
+    # The data connection opens with iperf3's 37-byte cookie; no retransmissions in this run.
+    assert data["payload_len"][0] == 37 and data["payload_len"].sum() == s.bytes_sent + 37
+    assert set(data["src_addr"]) == {s.local_host}
+
+
+@pytest.mark.parametrize("text", ["", "iperf3: error - unable to connect", "[1, 2]", '{"intervals": []}'])
+def test_not_iperf3_json(text):
+    with pytest.raises(Iperf3FormatError):
+        parse_iperf3(text)
