@@ -2,6 +2,12 @@
 
 Owns how an Engine is made. Every writer and reader goes through open_db(), so the schema is always at
 Alembic head and SQLite connections always have foreign keys, WAL and real transactions.
+
+There is no alembic.ini: alembic_config() builds the Config. A new revision after changing tables.py:
+    TCPLAB_DB=sqlite:///scratch.db python -c "from alembic import command; \
+      from orchestrator.storage.db import alembic_config, open_db; open_db(); \
+      command.revision(alembic_config(), message='what changed', autogenerate=True)"
+then review the generated file (tests/db/test_db_schema.py checks head == tables.metadata).
 """
 from __future__ import annotations
 

@@ -239,6 +239,12 @@ def _step(where: str) -> Iterator[None]:
         raise IngestError(where, f"database refused the write: {str(detail).strip()}") from err
 
 
+def _full_row(table: Table, row: dict[str, Any], run_id: str) -> dict[str, Any]:
+    """Every column, absent ones as None: executemany compiles one INSERT from the first row's keys."""
+    merged = {**row, "run_id": run_id}
+    return {c: merged.get(c) for c in table.columns.keys()}
+
+
 def _writer(engine: Engine) -> Engine:
     return engine.execution_options(**{SQLITE_BEGIN_OPTION: "BEGIN IMMEDIATE"})
 
@@ -262,9 +268,7 @@ def write_run(engine: Engine, ingest: RunIngest) -> IngestCounts:
             conn.execute(tables.run.insert(), ingest.run)
         counts["run"] = 1
         for attr, table in _CHILD_TABLES:
-            # A full column set per row: executemany compiles one INSERT from the first row's keys.
-            rows = [{c: {**row, "run_id": run_id}.get(c) for c in table.columns.keys()}
-                    for row in getattr(ingest, attr)]
+            rows = [_full_row(table, row, run_id) for row in getattr(ingest, attr)]
             if rows:
                 with _step(attr):
                     conn.execute(table.insert(), rows)
