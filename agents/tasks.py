@@ -59,8 +59,12 @@ class TaskRunner:
     async def execute(self) -> None:
         raise NotImplementedError
 
+    out_name = ""
+    artifact_kind = ""
+
     def artifacts(self) -> list[tuple[Path, str]]:
-        return []
+        path = self.run_dir / self.out_name
+        return [(path, self.artifact_kind or self.kind)] if self.out_name and path.exists() else []
 
     def status(self) -> protocol.TaskStatus:
         return protocol.TaskStatus(task_id=self.task_id, kind=self.kind, state=self.state, detail=self.detail)
@@ -69,7 +73,6 @@ class TaskRunner:
 class _ProcessTask(TaskRunner):
     """A task that is one external process whose stdout goes to an artifact file."""
 
-    out_name = ""
     timeout_s = 3600.0
 
     def argv(self) -> list[str]:
@@ -90,10 +93,6 @@ class _ProcessTask(TaskRunner):
         self.meta.update({"returncode": proc.returncode, "stderr": stderr[-2000:]})
         if proc.returncode not in (0, -15) and not self.stop_event.is_set():
             raise RuntimeError(f"{self.argv()[0]} exited {proc.returncode}: {stderr.strip()[-300:]}")
-
-    def artifacts(self) -> list[tuple[Path, str]]:
-        path = self.run_dir / self.out_name
-        return [(path, self.kind)] if path.exists() else []
 
 
 class Iperf3Server(_ProcessTask):
@@ -129,6 +128,7 @@ def parse_capture_stats(stderr: str) -> dict[str, int]:
 
 class Capture(TaskRunner):
     kind = "capture"
+    artifact_kind = "pcap"
 
     @property
     def out_name(self) -> str:
@@ -155,10 +155,6 @@ class Capture(TaskRunner):
         if self.meta.get("dropped_by_kernel", 0) > 0 or lost > 0:
             self.detail = (f"capture incomplete (G-CAPTURE): {self.meta.get('dropped_by_kernel', 0)} dropped by "
                            f"kernel, {max(lost, 0)} received but not written")
-
-    def artifacts(self) -> list[tuple[Path, str]]:
-        path = self.run_dir / self.out_name
-        return [(path, "pcap")] if path.exists() else []
 
 
 class TcpProbe(TaskRunner):
@@ -192,10 +188,6 @@ class TcpProbe(TaskRunner):
             self.meta["overrun_cpu0"] = int(overruns.group(1)) if overruns else None
         finally:
             inst.rmdir()
-
-    def artifacts(self) -> list[tuple[Path, str]]:
-        path = self.run_dir / self.out_name
-        return [(path, "tcp_probe")] if path.exists() else []
 
 
 QDISC_CSV_HEADER = "ts_ns,handle,parent,kind,bytes,packets,drops,overlimits,requeues,backlog_bytes,qlen\n"
@@ -239,10 +231,6 @@ class QdiscStats(TaskRunner):
 
     async def execute(self) -> None:
         await asyncio.to_thread(self._poll)
-
-    def artifacts(self) -> list[tuple[Path, str]]:
-        path = self.run_dir / self.out_name
-        return [(path, "qdisc_stats")] if path.exists() else []
 
 
 RUNNERS: dict[str, type[TaskRunner]] = {
