@@ -43,10 +43,6 @@ class Timeline:
     start_ns: int
     stop_ns: int
 
-    @property
-    def end_ns(self) -> int:
-        return self.stop_ns
-
 
 def timeline(spec: RunSpec, t0_ns: int) -> Timeline:
     last = max((f.start_s + f.duration_s for f in spec.flows), default=spec.duration_s)
