@@ -115,8 +115,11 @@ class Iperf3Client(_ProcessTask):
 
     def argv(self) -> list[str]:
         s = self.spec
-        return ["iperf3", "-c", s.dst_addr, "-p", str(s.port), "-t", f"{s.duration_s:g}", "-C", s.cc,
-                "-J", "-i", f"{s.interval_s:g}", "--connect-timeout", "3000"]
+        argv = ["iperf3", "-c", s.dst_addr, "-p", str(s.port), "-J", "-i", f"{s.interval_s:g}",
+                "--connect-timeout", "3000"]
+        argv += ["-n", str(s.bytes)] if s.bytes else ["-t", f"{s.duration_s:g}"]
+        argv += ["-u", "-b", str(s.udp_rate_bit)] if s.udp_rate_bit else ["-C", s.cc]
+        return argv + (["-N"] if s.nodelay else [])
 
 
 CAPTURE_STATS = re.compile(r"^(\d+) packets? (captured|received by filter|dropped by kernel)", re.MULTILINE)

@@ -47,6 +47,10 @@ class Netem(_Strict):
 
     kind: Literal["netem"] = "netem"
     delay_ns: int = Field(ge=0, description="constant delay, ns")
+    jitter_ns: int = Field(default=0, ge=0, description="delay variation, ns")
+    distribution: Literal["uniform", "normal", "pareto", "paretonormal"] | None = Field(
+        default=None, description="jitter distribution (tc's table name)")
+    loss: float = Field(default=0.0, ge=0, le=1, description="random loss probability")
     limit_packets: int = Field(gt=0, description="packets netem may hold (its own and, on some kernels, "
                                                  "its child's)")
 
@@ -66,7 +70,96 @@ class Red(_Strict):
     adaptive: bool = Field(default=False, description="adapt max_p (adaptive RED)")
 
 
-QdiscStage = Annotated[Htb | Tbf | Pfifo | Bfifo | Netem | Red, Field(discriminator="kind")]
+class FqCodel(_Strict):
+    kind: Literal["fq_codel"] = "fq_codel"
+    limit_packets: int | None = Field(default=None, gt=0)
+    flows: int | None = Field(default=None, gt=0)
+    target_ns: int | None = Field(default=None, gt=0)
+    interval_ns: int | None = Field(default=None, gt=0)
+    quantum_bytes: int | None = Field(default=None, gt=0)
+    ce_threshold_ns: int | None = Field(default=None, gt=0)
+    memory_limit_bytes: int | None = Field(default=None, gt=0)
+    ecn: bool = True
+
+
+class Codel(_Strict):
+    kind: Literal["codel"] = "codel"
+    limit_packets: int | None = Field(default=None, gt=0)
+    target_ns: int | None = Field(default=None, gt=0)
+    interval_ns: int | None = Field(default=None, gt=0)
+    ce_threshold_ns: int | None = Field(default=None, gt=0)
+    ecn: bool = False
+
+
+class Pie(_Strict):
+    kind: Literal["pie"] = "pie"
+    limit_packets: int | None = Field(default=None, gt=0)
+    target_ns: int | None = Field(default=None, gt=0)
+    tupdate_ns: int | None = Field(default=None, gt=0)
+    alpha: int | None = Field(default=None, ge=0, le=32)
+    beta: int | None = Field(default=None, ge=0, le=32)
+    ecn: bool = False
+    bytemode: bool = False
+
+
+class FqPie(_Strict):
+    kind: Literal["fq_pie"] = "fq_pie"
+    limit_packets: int | None = Field(default=None, gt=0)
+    flows: int | None = Field(default=None, gt=0)
+    target_ns: int | None = Field(default=None, gt=0)
+    tupdate_ns: int | None = Field(default=None, gt=0)
+    ecn: bool = True
+
+
+class Cake(_Strict):
+    kind: Literal["cake"] = "cake"
+    bandwidth_bit: int | None = Field(default=None, gt=0, description="shaper rate; None = unlimited")
+    rtt_ns: int | None = Field(default=None, gt=0)
+    flow_mode: Literal["flowblind", "srchost", "dsthost", "hosts", "flows", "dual-srchost", "dual-dsthost",
+                       "triple-isolate"] | None = None
+    diffserv: Literal["besteffort", "diffserv3", "diffserv4", "diffserv8", "precedence"] | None = None
+    ack_filter: bool = False
+    overhead_bytes: int | None = Field(default=None, ge=-64, le=256)
+
+
+class DualPi2(_Strict):
+    kind: Literal["dualpi2"] = "dualpi2"
+    limit_packets: int | None = Field(default=None, gt=0)
+    target_ns: int | None = Field(default=None, gt=0, description="classic queue target delay")
+    tupdate_ns: int | None = Field(default=None, gt=0)
+    step_thresh_ns: int | None = Field(default=None, gt=0, description="L4S queue step threshold")
+    coupling_factor: int | None = Field(default=None, gt=0)
+    ecn_mask: Literal["l4s_ect", "any_ect"] | None = None
+    split_gso: bool | None = None
+
+
+class Fq(_Strict):
+    """fq (per-flow pacing) - in the studies on the sender's egress, as the root qdisc."""
+
+    kind: Literal["fq"] = "fq"
+    limit_packets: int | None = Field(default=None, gt=0)
+    flow_limit_packets: int | None = Field(default=None, gt=0)
+    quantum_bytes: int | None = Field(default=None, gt=0)
+    initial_quantum_bytes: int | None = Field(default=None, gt=0)
+    maxrate_bit: int | None = Field(default=None, gt=0)
+    pacing: bool = True
+    ce_threshold_ns: int | None = Field(default=None, gt=0)
+
+
+class Mark(_Strict):
+    """tcplab's `aqm-mark` qdisc (a kernel variant): ECN marking on the instantaneous sojourn or EST."""
+
+    kind: Literal["mark"] = "mark"
+    mode: Literal["step", "ramp"]
+    min_ns: int = Field(gt=0, description="step threshold, or the ramp's lower end")
+    max_ns: int | None = Field(default=None, gt=0, description="ramp upper end (probability 1)")
+    metric: Literal["sojourn", "est"] = "sojourn"
+    on_dequeue: bool = True
+    limit_packets: int = Field(gt=0)
+
+
+QdiscStage = Annotated[Htb | Tbf | Pfifo | Bfifo | Netem | Red | FqCodel | Codel | Pie | FqPie | Cake | DualPi2
+                       | Fq | Mark, Field(discriminator="kind")]
 
 CLASSFUL_KINDS = frozenset({"htb"})
 

@@ -53,8 +53,11 @@ class Iperf3ClientTask(_TaskBase):
     port: int = Field(ge=1024, le=65535)
     dst_addr: str
     cc: str = Field(pattern=r"^[a-z0-9_]{1,32}$")
-    duration_s: float = Field(gt=0, le=3600)
+    duration_s: float = Field(gt=0, le=3600, description="send for this long (unless `bytes` is set)")
     interval_s: float = Field(default=0.1, ge=0.1, le=60)
+    bytes: int | None = Field(default=None, gt=0, description="send this many bytes, then stop (iperf3 -n)")
+    udp_rate_bit: int | None = Field(default=None, gt=0, description="UDP at this rate instead of TCP")
+    nodelay: bool = Field(default=False, description="TCP_NODELAY (iperf3 -N)")
 
 
 class CaptureTask(_TaskBase):

@@ -57,7 +57,8 @@ def schedule_tasks(spec: RunSpec, inv: Inventory, tl: Timeline) -> dict[str, lis
                                                       start_ns=tl.start_ns, port=f.port))
         tasks[f.src].append(protocol.Iperf3ClientTask(
             task_id=f"iperf3-client-{f.flow_id}", start_ns=tl.t0_ns + int(f.start_s * 1e9), port=f.port,
-            dst_addr=inv.hosts[f.dst].data_addr, cc=f.cc, duration_s=f.duration_s))
+            dst_addr=inv.hosts[f.dst].data_addr, cc=f.cc, duration_s=f.duration_s, bytes=f.bytes,
+            udp_rate_bit=f.rate_bit if f.tool == "udp" else None, nodelay=f.nodelay))
     for i, cp in enumerate(spec.captures):
         iface = inv.hosts[cp.link.host].iface_toward(cp.link.toward)
         tasks[cp.link.host].append(protocol.CaptureTask(task_id=f"capture-{i}", start_ns=tl.start_ns,

@@ -121,6 +121,9 @@ def capability_problems(spec: RunSpec, caps: dict[str, protocol.Capabilities]) -
         if c is None:
             problems.append(f"host {role}: not in the testbed")
             continue
+        if hp.kernel is not None and hp.kernel.release not in (None, c.kernel_release):
+            problems.append(f"host {role} runs kernel {c.kernel_release}, the plan needs variant "
+                            f"{hp.kernel.name} (release {hp.kernel.release})")
         for chain in hp.qdiscs.values():
             for stage in chain:
                 if stage.kind not in c.qdiscs:
@@ -130,9 +133,32 @@ def capability_problems(spec: RunSpec, caps: dict[str, protocol.Capabilities]) -
         if c and f.cc not in c.congestion_controls:
             problems.append(f"host {f.src} (kernel {c.kernel_release}) lacks congestion control {f.cc} "
                             f"(available: {' '.join(c.congestion_controls)})")
+    problems += unsupported_features(spec, caps)
     if spec.tcp_probe:
         for role in spec.senders:
             c = caps.get(role)
             if c and "tcp:tcp_probe" not in c.tracepoints:
                 problems.append(f"host {role} (kernel {c.kernel_release}) lacks tracepoint tcp:tcp_probe")
     return sorted(set(problems))
+
+
+def unsupported_features(spec: RunSpec, caps: dict[str, protocol.Capabilities]) -> list[str]:
+    """Plan features the agents cannot put in place yet: refused before any host is touched, never skipped."""
+    out = []
+    for role, hp in spec.hosts.items():
+        release = caps[role].kernel_release if role in caps else "?"
+        if hp.kernel is not None and hp.kernel.release is None:
+            out.append(f"host {role} (kernel {release}): variant {hp.kernel.name} is a source build; "
+                       "install it first (playbooks/kernel.yml) and give its `release`")
+        for module in hp.module_params:
+            out.append(f"host {role} (kernel {release}): module parameters ({module}) are not applied by "
+                       "this agent version")
+    for f in spec.flows:
+        if f.tool == "app_limited":
+            out.append(f"host {f.src}: flow {f.flow_id} needs the app-limited writer, which this agent "
+                       "version does not have")
+    if spec.ack_policy is not None and spec.ack_policy.mechanism != "stock":
+        out.append(f"ack_policy mechanism {spec.ack_policy.mechanism} is not applied by this agent version")
+    for e in spec.events:
+        out.append(f"host {e.link.host}: event {e.action} at {e.at_s:g}s is not executed by this agent version")
+    return out

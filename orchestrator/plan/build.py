@@ -7,38 +7,37 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.plan.derive import htb_burst_bytes, netem_limit_packets, red_bytes
+from orchestrator.plan.derive import htb_burst_bytes, link_refs, netem_limit_packets, red_bytes
 from orchestrator.plan.errors import Path
-from orchestrator.plan.runspec import CapturePoint, FlowSpec, HostPlan, LinkRef
-from orchestrator.plan.template import (
-    ALL_HOSTS,
-    BfifoQueue,
-    Bottleneck,
-    FlowOverride,
-    HostSettings,
-    HtbStage,
-    NetemStage,
-    PfifoQueue,
-    Queue,
-    RedQueue,
-    RunTemplate,
-    Stage,
-    TbfStage,
-    Traffic,
+from orchestrator.plan.kernels import KernelVariant
+from orchestrator.plan.qdiscs import BfifoQueue, MarkQueue, RedQueue
+from orchestrator.plan.runspec import (
+    AckPolicySpec,
+    AnalysisSpec,
+    CapturePoint,
+    EventSpec,
+    FlowSpec,
+    HostPlan,
+    KernelRef,
+    LinkRef,
 )
-from schemas.hoststate import Bfifo, Htb, Netem, Pfifo, QdiscStage, Red, Tbf
+from orchestrator.plan.template import ALL_HOSTS, HostSettings, RunTemplate
+from orchestrator.plan.traffic import FlowOverride, Traffic
+from schemas.hoststate import Bfifo, Htb, Netem, QdiscStage, Red
 
 
 @dataclass(frozen=True)
 class FlowPlan:
     """One flow with every default resolved, plus the template paths its values came from."""
 
-    index: int
+    index: int                   # flow id within the run (groups number on from the main traffic)
+    group: int                   # 0 = traffic, k = background[k - 1]
     cc: str
     src: str
     dst: str
     start_ns: int
     duration_ns: int | None      # None: until the run ends
+    bytes: int | None
     port: int
     start_path: Path
     duration_path: Path
@@ -47,75 +46,85 @@ class FlowPlan:
     dst_path: Path
 
 
-def flow_plans(tr: Traffic) -> list[FlowPlan]:
+def traffic_groups(t: RunTemplate) -> list[tuple[Path, Traffic]]:
+    """The run's flow groups with their template paths: the main traffic first, then `background`."""
+    return [(("traffic",), t.traffic)] + [(("background", k), g) for k, g in enumerate(t.background)]
+
+
+def group_flow_plans(tr: Traffic, gp: Path, group: int = 0, first_id: int = 0) -> list[FlowPlan]:
     """Flow i starts at start + i x stagger and listens on base_port + i unless `per_flow` says otherwise."""
     out = []
     for i in range(tr.flows):
         o = tr.per_flow.get(i, FlowOverride())
-        pf: Path = ("traffic", "per_flow", i)
+        pf: Path = gp + ("per_flow", i)
 
         def origin(name: str, own: object, default: Path, pf: Path = pf) -> Path:
             return pf + (name,) if own is not None else default
 
         duration = o.duration if o.duration is not None else tr.duration
+        size = o.bytes if o.bytes is not None else tr.bytes
         out.append(FlowPlan(
-            index=i,
+            index=first_id + i, group=group,
             cc=o.cc or tr.cc,
             src=o.src or tr.src,
             dst=o.dst or tr.dst,
             start_ns=o.start.value if o.start is not None else tr.start.value + i * tr.stagger.value,
             duration_ns=duration.value if duration is not None else None,
+            bytes=size.value if size is not None else None,
             port=o.port if o.port is not None else tr.base_port + i,
-            start_path=origin("start", o.start, ("traffic", "stagger") if i and tr.stagger.value
-                              else ("traffic", "start")),
-            duration_path=origin("duration", o.duration, ("traffic", "duration")),
-            port_path=origin("port", o.port, ("traffic", "base_port")),
-            src_path=origin("src", o.src, ("traffic", "src")),
-            dst_path=origin("dst", o.dst, ("traffic", "dst"))))
+            start_path=origin("start", o.start, gp + ("stagger",) if i and tr.stagger.value
+                              else gp + ("start",)),
+            duration_path=origin("duration", o.duration, gp + ("duration",)),
+            port_path=origin("port", o.port, gp + ("base_port",)),
+            src_path=origin("src", o.src, gp + ("src",)),
+            dst_path=origin("dst", o.dst, gp + ("dst",))))
+    return out
+
+
+def flow_plans(t: RunTemplate) -> list[FlowPlan]:
+    out: list[FlowPlan] = []
+    for k, (gp, tr) in enumerate(traffic_groups(t)):
+        out += group_flow_plans(tr, gp, k, len(out))
     return out
 
 
 def flow_specs(t: RunTemplate) -> list[FlowSpec]:
     run_ns = t.duration.value
-    return [FlowSpec(flow_id=f.index, src=f.src, dst=f.dst, cc=f.cc, start_s=f.start_ns / 1e9,
-                     duration_s=(f.duration_ns if f.duration_ns is not None else run_ns - f.start_ns) / 1e9,
-                     port=f.port, tool="iperf3")
-            for f in flow_plans(t.traffic)]
+    groups = [g for _, g in traffic_groups(t)]
+    out = []
+    for f in flow_plans(t):
+        g = groups[f.group]
+        out.append(FlowSpec(
+            flow_id=f.index, group=f.group, src=f.src, dst=f.dst, cc=f.cc, start_s=f.start_ns / 1e9,
+            duration_s=(f.duration_ns if f.duration_ns is not None else run_ns - f.start_ns) / 1e9,
+            port=f.port, tool=g.tool, bytes=f.bytes, rate_bit=g.rate.value if g.rate else None,
+            write_size=g.write_size.value if g.write_size else None,
+            write_interval_s=g.write_interval.seconds if g.write_interval else None, nodelay=g.nodelay))
+    return out
 
 
-def stage_state(stage: Stage | Queue, mtu: int) -> QdiscStage:
-    """One plan stage in kernel units."""
-    if isinstance(stage, HtbStage):
-        burst = stage.burst.value if stage.burst else htb_burst_bytes(stage.rate.value, mtu)
-        return Htb(rate_bit=stage.rate.value, ceil_bit=(stage.ceil or stage.rate).value,
-                   burst_bytes=burst, cburst_bytes=stage.cburst.value if stage.cburst else burst)
-    if isinstance(stage, TbfStage):
-        return Tbf(rate_bit=stage.rate.value, burst_bytes=stage.burst.value, limit_bytes=stage.limit.value)
-    if isinstance(stage, PfifoQueue):
-        return Pfifo(limit_packets=stage.limit)
-    if isinstance(stage, BfifoQueue):
-        return Bfifo(limit_bytes=stage.limit.value)
-    if isinstance(stage, NetemStage):
-        return Netem(delay_ns=stage.delay.value, limit_packets=stage.limit)
-    raise TypeError(f"no host-state form for {type(stage).__name__}")  # new stage kinds must be added here
-
-
-def bottleneck_chain(b: Bottleneck, mtu: int) -> list[QdiscStage]:
+def bottleneck_chain(t: RunTemplate) -> list[QdiscStage]:
     """[netem ->] htb (rate = ceil, burst = cburst) -> the plan's explicit leaf queue."""
+    b, refs, mtu = t.bottleneck, link_refs(t), t.mtu.value
+    assert b is not None and refs is not None
     rate = b.rate.value
     burst = b.burst.value if b.burst else htb_burst_bytes(rate, mtu)
     chain: list[QdiscStage] = []
-    limit = netem_limit_packets(b, mtu)
+    limit = netem_limit_packets(b, refs)
     if b.delay is not None and limit is not None:
         chain.append(Netem(delay_ns=b.delay.value, limit_packets=limit))
     chain.append(Htb(rate_bit=rate, ceil_bit=rate, burst_bytes=burst, cburst_bytes=burst))
     if isinstance(b.queue, RedQueue):
-        r = red_bytes(b.queue, rate, mtu)
+        r = red_bytes(b.queue, refs)
         chain.append(Red(limit_bytes=r.limit_bytes, min_bytes=r.min_bytes, max_bytes=r.max_bytes,
                          avpkt_bytes=r.avpkt_bytes, burst_packets=r.burst_packets, probability=r.probability,
                          bandwidth_bit=rate, ecn=b.queue.ecn, adaptive=b.queue.adaptive))
+    elif isinstance(b.queue, MarkQueue):
+        chain.append(b.queue.state(mtu, refs.rtt_ns, refs.target_ns))
+    elif isinstance(b.queue, BfifoQueue):
+        chain.append(Bfifo(limit_bytes=b.queue.limit.resolve(rate, refs.rtt_ns)))
     else:
-        chain.append(stage_state(b.queue, mtu))
+        chain.append(b.queue.state(mtu))
     return chain
 
 
@@ -124,19 +133,30 @@ def merged_settings(hosts: dict[str, HostSettings], role: str) -> HostSettings:
     base = hosts.get(ALL_HOSTS, HostSettings())
     own = hosts.get(role, HostSettings())
     flush = own.flush_tcp_metrics if own.flush_tcp_metrics is not None else base.flush_tcp_metrics
+    modules = {m: {**base.module_params.get(m, {}), **own.module_params.get(m, {})}
+               for m in {**base.module_params, **own.module_params}}
     return HostSettings(sysctls={**base.sysctls, **own.sysctls}, offloads={**base.offloads, **own.offloads},
-                        flush_tcp_metrics=flush, qdiscs={**base.qdiscs, **own.qdiscs})
+                        flush_tcp_metrics=flush, qdiscs={**base.qdiscs, **own.qdiscs},
+                        kernel=own.kernel or base.kernel, module_params=modules)
 
 
-def host_plans(t: RunTemplate, roles: list[str]) -> dict[str, HostPlan]:
+def kernel_ref(name: str | None, kernels: dict[str, KernelVariant]) -> KernelRef | None:
+    if name is None or name not in kernels:   # checks.py reports unknown names
+        return None
+    v = kernels[name]
+    return KernelRef(name=name, vanilla=v.vanilla, release=v.expected_release, sha256=v.content_hash())
+
+
+def host_plans(t: RunTemplate, roles: list[str], kernels: dict[str, KernelVariant]) -> dict[str, HostPlan]:
     mtu = t.mtu.value
     out = {}
     for role in roles:
         s = merged_settings(t.hosts, role)
-        chains = {toward: [stage_state(st, mtu) for st in stages] for toward, stages in s.qdiscs.items()}
+        chains = {toward: [st.state(mtu) for st in stages] for toward, stages in s.qdiscs.items()}
         if t.bottleneck is not None and t.bottleneck.at.host == role:
-            chains[t.bottleneck.at.toward] = bottleneck_chain(t.bottleneck, mtu)
-        out[role] = HostPlan(sysctls=dict(s.sysctls), offloads=dict(s.offloads), qdiscs=chains,
+            chains[t.bottleneck.at.toward] = bottleneck_chain(t)
+        out[role] = HostPlan(kernel=kernel_ref(s.kernel, kernels), module_params=s.module_params,
+                             sysctls=dict(s.sysctls), offloads=dict(s.offloads), qdiscs=chains,
                              flush_tcp_metrics=s.flush_tcp_metrics if s.flush_tcp_metrics is not None else True)
     return out
 
@@ -152,3 +172,23 @@ def qdisc_stat_links(t: RunTemplate) -> tuple[list[LinkRef], int]:
         return [], 10
     return ([LinkRef(host=ln.host, toward=ln.toward) for ln in t.qdisc_stats.links],
             max(1, t.qdisc_stats.interval.value // 10**6))
+
+
+def ack_policy_spec(t: RunTemplate) -> AckPolicySpec | None:
+    a = t.ack_policy
+    if a is None:
+        return None
+    hosts = a.hosts if a.hosts is not None else sorted({f.dst for f in flow_plans(t)})
+    return AckPolicySpec(mode=a.mode, mechanism=a.mechanism, segments_per_ack=a.segments_per_ack, hosts=hosts)
+
+
+def event_specs(t: RunTemplate) -> list[EventSpec]:
+    return [EventSpec(at_s=e.at.seconds, action=e.action, link=LinkRef(host=e.host, toward=e.toward),
+                      duration_s=e.duration.seconds if e.duration else None,
+                      delay_ns=e.delay.value if e.delay is not None else None) for e in t.events]
+
+
+def analysis_spec(t: RunTemplate) -> AnalysisSpec:
+    a = t.analysis
+    return AnalysisSpec(warmup_s=a.warmup.seconds, measure_s=a.measure.seconds if a.measure else None,
+                        window=a.window, bin_s=a.bin.seconds if a.bin else None, bin_rtts=a.bin_rtts)

@@ -13,15 +13,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from orchestrator.plan.build import flow_plans
-from orchestrator.plan.derive import red_bytes, wire_frame_bytes
 from orchestrator.plan.diagnose import problems_from
 from orchestrator.plan.errors import Path, Problem, format_path
 from orchestrator.plan.matrix import MAX_RUNS, Assignment, adapter, count_runs, target, value_key, views
 from orchestrator.plan.model import Plan
 from orchestrator.plan.paths import PathError
-from orchestrator.plan.template import ALL_HOSTS, HtbStage, RedQueue, RunTemplate
-from orchestrator.plan.units import format_rate, format_time_ns
+from orchestrator.plan.template import ALL_HOSTS
 
 RESERVED_PARAMS = frozenset({"arm", "experiment", "repetition"})
 
@@ -184,7 +181,7 @@ def _conflicts(plan: Plan) -> list[Problem]:
     return out
 
 
-def _all_assignments(plan: Plan) -> Iterator[Assignment]:
+def all_assignments(plan: Plan) -> Iterator[Assignment]:
     for view in views(plan):
         yield from view.sets
         m, o = view.matrix, view.matrix_origin
@@ -204,7 +201,7 @@ def param_name(plan: Plan, dotted: str) -> str:
 
 def _param_names(plan: Plan) -> list[Problem]:
     paths_by_name: dict[str, dict[Path, Assignment]] = defaultdict(dict)
-    for a in _all_assignments(plan):
+    for a in all_assignments(plan):
         paths_by_name[param_name(plan, a.dotted)].setdefault(a.path, a)
     out = []
     for name, by_path in paths_by_name.items():
@@ -236,130 +233,4 @@ def plan_problems(plan: Plan) -> list[Problem]:
     total = count_runs(plan)
     if total > MAX_RUNS:
         out.append(Problem(("matrix",), f"the plan expands to {total} runs, more than {MAX_RUNS}"))
-    return out
-
-
-# ------------------------------------------------------------------ one resolved run
-
-def _role(roles: list[str], value: str, path: Path, out: list[Problem]) -> None:
-    if value not in roles:
-        out.append(Problem(path, f"unknown role {value!r} (roles: {', '.join(roles)})"))
-
-
-def _link(roles: list[str], host: str, toward: str, path: Path, out: list[Problem]) -> None:
-    _role(roles, host, path + ("host",), out)
-    _role(roles, toward, path + ("toward",), out)
-    if host == toward:
-        out.append(Problem(path + ("toward",), "an interface cannot face its own host"))
-
-
-def _hosts(t: RunTemplate, roles: list[str], out: list[Problem]) -> None:
-    for role, settings in t.hosts.items():
-        if role != ALL_HOSTS and role not in roles:
-            out.append(Problem(("hosts", role), f"unknown role {role!r} (roles: {', '.join(roles)}, or "
-                               f"{ALL_HOSTS!r})", at_key=True))
-        for toward, stages in settings.qdiscs.items():
-            path: Path = ("hosts", role, "qdiscs", toward)
-            if role == ALL_HOSTS:
-                out.append(Problem(path, "qdisc chains belong to one interface; set them under a role",
-                                   at_key=True))
-                continue
-            if toward not in roles:
-                out.append(Problem(path, f"unknown role {toward!r} (roles: {', '.join(roles)})", at_key=True))
-            elif toward == role:
-                out.append(Problem(path, "an interface cannot face its own host", at_key=True))
-            b = t.bottleneck
-            if b is not None and (b.at.host, b.at.toward) == (role, toward):
-                out.append(Problem(path, "this interface carries the bottleneck, which sets its qdiscs",
-                                   at_key=True))
-            for k, st in enumerate(stages):
-                if isinstance(st, HtbStage) and st.burst and st.burst.value < wire_frame_bytes(t.mtu.value):
-                    out.append(Problem(path + (k, "burst"), "htb burst is smaller than one frame"))
-
-
-def _flows(t: RunTemplate, roles: list[str], out: list[Problem]) -> None:
-    tr, run_ns = t.traffic, t.duration.value
-    for k in tr.per_flow:
-        if k >= tr.flows:
-            out.append(Problem(("traffic", "per_flow", k), f"flow {k} does not exist: there are {tr.flows} "
-                               "flows (indices from 0)", at_key=True))
-    ports: dict[int, int] = {}
-    for f in flow_plans(tr):
-        _role(roles, f.src, f.src_path, out)
-        _role(roles, f.dst, f.dst_path, out)
-        if f.src == f.dst:
-            out.append(Problem(f.dst_path, f"flow {f.index} sends from {f.src!r} to itself"))
-        if f.start_ns >= run_ns:
-            out.append(Problem(f.start_path, f"flow {f.index} starts at {format_time_ns(f.start_ns)}, "
-                               f"not before the run ends ({format_time_ns(run_ns)})"))
-        elif f.duration_ns is not None and f.start_ns + f.duration_ns > run_ns:
-            out.append(Problem(f.duration_path, f"flow {f.index} would end at "
-                               f"{format_time_ns(f.start_ns + f.duration_ns)}, after the run ends at "
-                               f"{format_time_ns(run_ns)} (flow longer than the run)"))
-        if f.port > 65535:
-            out.append(Problem(f.port_path, f"flow {f.index} would listen on port {f.port} (> 65535)"))
-        elif f.port in ports:
-            out.append(Problem(f.port_path, f"flows {ports[f.port]} and {f.index} share port {f.port}"))
-        ports.setdefault(f.port, f.index)
-
-
-def _red(q: RedQueue, rate: int, mtu: int, out: list[Problem]) -> None:
-    path: Path = ("bottleneck", "queue")
-    if q.mode == "ramp" and q.max is None:
-        out.append(Problem(path, "a RED ramp needs `max` (above `min`)"))
-    elif q.mode == "ramp" and q.max is not None and q.max.value <= q.min.value:
-        out.append(Problem(path + ("max",), f"RED max ({q.max.raw}) must be above min ({q.min.raw})"))
-    elif q.mode == "step" and q.max is not None:
-        out.append(Problem(path + ("max",), "a step has one threshold, `min` (K); max is set to K + 1 byte"))
-    r = red_bytes(q, rate, mtu)
-    if q.mode == "ramp" and q.max is not None and q.max.value > q.min.value and r.max_bytes <= r.min_bytes:
-        out.append(Problem(path + ("max",), f"at {format_rate(rate)} min and max both come to {r.min_bytes} B"))
-    if r.limit_bytes < r.max_bytes:
-        out.append(Problem(path + ("limit",), f"the buffer ({r.limit_bytes} B at {format_rate(rate)}) is "
-                           f"smaller than the upper threshold ({r.max_bytes} B)"))
-
-
-def _bottleneck(t: RunTemplate, roles: list[str], out: list[Problem]) -> None:
-    b, mtu = t.bottleneck, t.mtu.value
-    if b is None:
-        return
-    _link(roles, b.at.host, b.at.toward, ("bottleneck", "at"), out)
-    if b.burst is not None and b.burst.value < wire_frame_bytes(mtu):
-        out.append(Problem(("bottleneck", "burst"), f"htb burst {b.burst.value} B is smaller than one "
-                           f"frame ({wire_frame_bytes(mtu)} B): the shaper could not send a full packet"))
-    if isinstance(b.queue, RedQueue):
-        _red(b.queue, b.rate.value, mtu, out)
-    if b.line_rate is not None and b.line_rate.value <= b.rate.value:
-        out.append(Problem(("bottleneck", "line_rate"), "the interface is not faster than the bottleneck "
-                           "rate: the NIC, not the qdisc, would shape (EXPERIMENTS.md G-NIC)"))
-    if b.delay is None and b.netem_limit is not None:
-        out.append(Problem(("bottleneck", "netem_limit"), "netem_limit without a delay has no netem to size"))
-    if b.delay is not None and b.netem_limit is None and b.line_rate is None:
-        out.append(Problem(("bottleneck", "delay"), "state line_rate (the interface speed netem sees) or an "
-                           "explicit netem_limit, so netem cannot drop packets silently (G-NETEM)"))
-
-
-def run_problems(t: RunTemplate, roles: list[str]) -> list[Problem]:
-    """Rules of one resolved run; paths are relative to the run document."""
-    out: list[Problem] = []
-    mtu = t.mtu.value
-    if not 68 <= mtu <= 65535:
-        out.append(Problem(("mtu",), f"MTU {mtu} is outside 68..65535"))
-    _bottleneck(t, roles, out)
-    _hosts(t, roles, out)
-    _flows(t, roles, out)
-    seen: dict[tuple[str, str], int] = {}
-    for i, c in enumerate(t.captures):
-        _link(roles, c.host, c.toward, ("captures", i), out)
-        if not 96 <= c.snaplen.value <= 65535:
-            out.append(Problem(("captures", i, "snaplen"), "snaplen must be 96..65535 bytes (96 keeps the "
-                               "Ethernet, IP and TCP headers with options)"))
-        if (c.host, c.toward) in seen:
-            out.append(Problem(("captures", i), f"same interface as captures[{seen[(c.host, c.toward)]}]"))
-        seen.setdefault((c.host, c.toward), i)
-    if t.qdisc_stats is not None:
-        for i, ln in enumerate(t.qdisc_stats.links):
-            _link(roles, ln.host, ln.toward, ("qdisc_stats", "links", i), out)
-        if t.qdisc_stats.interval.value % 10**6:
-            out.append(Problem(("qdisc_stats", "interval"), "the polling interval must be whole milliseconds"))
     return out

@@ -16,6 +16,7 @@ from orchestrator.plan.errors import PlanError
 from orchestrator.plan.expand import expand
 from orchestrator.plan.loader import load_plan, plan_sha256
 from orchestrator.plan.runspec import RunSpec
+from orchestrator.plan.table import render, study_table
 
 EXIT_OK, EXIT_INVALID = 0, 2
 
@@ -66,61 +67,14 @@ def cmd_expand(path: str | Path, as_json: bool = False, out: TextIO | None = Non
     return _guarded(path, body, err)
 
 
-def _cell(value: Any) -> str:
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, separators=(",", ":"))
-    return str(value)
-
-
-def table_rows(runs: list[RunSpec]) -> tuple[list[str], list[list[str]]]:
-    """One row per cell (repetitions collapsed): experiment, params, derived values, repetitions."""
-    cells: dict[str, list[RunSpec]] = {}
-    for r in runs:
-        cells.setdefault(r.run_id.rsplit("-r", 1)[0], []).append(r)
-    param_keys: list[str] = []
-    derived_keys: list[str] = []
-    for r in runs:
-        param_keys += [k for k in r.params if k not in param_keys]
-        derived_keys += [k for k in r.derived if k not in derived_keys]
-    # Derived values equal in every row say nothing about the cells: they go to the footer instead.
-    derived_keys = [k for k in derived_keys if len({_cell(r.derived.get(k, "")) for r in runs}) > 1]
-    header = ["experiment", *param_keys, *derived_keys, "reps", "run id"]
-    rows = []
-    for stem, group in cells.items():
-        r = group[0]
-        rows.append([r.experiment, *(_cell(r.params.get(k, "")) for k in param_keys),
-                     *(_cell(r.derived.get(k, "")) for k in derived_keys), str(len(group)), stem])
-    return header, rows
-
-
-def constant_footer(runs: list[RunSpec]) -> str:
-    """Derived values shared by every run, on one line."""
-    if not runs:
-        return "no runs"
-    same = {k: v for k, v in runs[0].derived.items()
-            if all(_cell(r.derived.get(k, "")) == _cell(v) for r in runs)}
-    return "same in every run: " + (", ".join(f"{k}={_cell(v)}" for k, v in same.items()) or "-")
-
-
-def render_table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
 def cmd_table(path: str | Path, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """Print the plan as a table: one row per cell with its params and derived values."""
+    """Print the plan as the study's parameter table: rows = parameters (derived included), columns =
+    experiments."""
     out, err = out or sys.stdout, err or sys.stderr
 
     def body() -> None:
         runs = expand(load_plan(path), order="cells")  # the table follows the plan, not the run order
-        print(render_table(*table_rows(runs)), file=out)
-        print(constant_footer(runs), file=out)
+        print(render(*study_table(runs)), file=out)
     return _guarded(path, body, err)
 
 
@@ -132,7 +86,8 @@ def add_parser(sub: Any) -> None:
     ex = cmds.add_parser("expand", help="list the runs of a plan")
     ex.add_argument("file")
     ex.add_argument("--json", action="store_true", help="print full run specs as a JSON list")
-    cmds.add_parser("table", help="one row per cell with params and derived values").add_argument("file")
+    cmds.add_parser("table", help="the study-style table: rows = parameters, columns = experiments"
+                     ).add_argument("file")
 
 
 def dispatch(args: argparse.Namespace) -> int:

@@ -2,14 +2,16 @@
 
 Pure arithmetic in kernel units (bit/s, ns, bytes). The formulas follow EXPERIMENTS.md: htb burst
 (G-HTB), BDP, per-flow window in segments (§1.5, G-FLOOR), queue capacity in time at the bottleneck,
-RED thresholds from time to bytes (§1.3, G-RED) and the netem limit (G-NETEM).
+RED thresholds from time to bytes (§1.3, G-RED), the step threshold K with its 2 MTU floor and the netem
+limit (G-NETEM). Thresholds written relative to the BDP or the target queue are resolved per run here.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.plan.template import BfifoQueue, Bottleneck, PfifoQueue, Queue, RedQueue, RunTemplate
+from orchestrator.plan.qdiscs import BfifoQueue, CakeQueue, MarkQueue, Queue, RedQueue
+from orchestrator.plan.template import Bottleneck, RunTemplate
 
 ETH_HEADER = 14     # bytes htb and tc count per packet on top of the IP packet (no FCS, no preamble)
 FRAME_OVERHEAD = 18  # Ethernet header + FCS: EXPERIMENTS.md's frame_B = MTU + 18 for window maths
@@ -64,31 +66,95 @@ class RedBytes:
     probability: float
 
 
-def red_bytes(q: RedQueue, rate_bit: int, mtu: int) -> RedBytes:
+@dataclass(frozen=True)
+class LinkRefs:
+    """What relative values of one run are relative to: the bottleneck rate, base RTT and target queue."""
+
+    rate_bit: int
+    mtu: int
+    rtt_ns: int | None
+    target_ns: int | None
+
+
+def run_rtt_ns(t: RunTemplate) -> int | None:
+    """The stated base RTT, or the bottleneck's netem delay (then the whole RTT sits on that path)."""
+    if t.base_rtt is not None:
+        return t.base_rtt.value
+    return t.bottleneck.delay.value if t.bottleneck is not None and t.bottleneck.delay is not None else None
+
+
+def aqm_target_ns(queue: Queue, rtt_ns: int | None) -> int | None:
+    """The queue delay an AQM aims for when the plan gives no `target`: its lower threshold or target
+    (None when that threshold is itself relative to the target)."""
+    if isinstance(queue, (RedQueue, MarkQueue)):
+        return None if queue.min.value[0] == "target" else queue.min.resolve(rtt_ns, None)
+    for name in ("target", "step_thresh", "ce_threshold"):
+        value = getattr(queue, name, None)
+        if value is not None:
+            return value.value
+    return 0
+
+
+def link_refs(t: RunTemplate) -> LinkRefs | None:
+    b = t.bottleneck
+    if b is None:
+        return None
+    rtt = run_rtt_ns(t)
+    target = b.target.value if b.target is not None else aqm_target_ns(b.queue, rtt)
+    return LinkRefs(b.rate.value, t.mtu.value, rtt, target)
+
+
+def red_times(q: RedQueue, refs: LinkRefs) -> tuple[int, int | None]:
+    """RED thresholds of one run in ns (raises ValueError when a relative one has no reference)."""
+    return (q.min.resolve(refs.rtt_ns, refs.target_ns),
+            q.max.resolve(refs.rtt_ns, refs.target_ns) if q.max is not None else None)
+
+
+def red_bytes(q: RedQueue, refs: LinkRefs) -> RedBytes:
     """Thresholds in bytes (EXPERIMENTS.md §1.3, G-RED). Step: K = max(rate x t, 2 MTU), max = K + 1."""
-    limit = bytes_at_rate(rate_bit, q.limit.value)
+    rate, mtu = refs.rate_bit, refs.mtu
+    lo_ns, hi_ns = red_times(q, refs)
+    limit = q.limit.resolve(rate, refs.rtt_ns)
     if q.mode == "step":
-        k = max(bytes_at_rate(rate_bit, q.min.value), 2 * mtu)
+        k = step_k_bytes(rate, lo_ns, mtu)
         avpkt = q.avpkt.value if q.avpkt else mtu
         # stock tc derives the EWMA weight from burst; the smallest burst it accepts is about min/avpkt
         burst = q.burst or k // avpkt + 1
         p = q.probability.value if q.probability is not None else 1.0
         return RedBytes(k, k + 1, limit, avpkt, burst, p)
-    lo = bytes_at_rate(rate_bit, q.min.value)
-    hi = bytes_at_rate(rate_bit, q.max.value) if q.max else lo + 1
+    lo = bytes_at_rate(rate, lo_ns)
+    hi = bytes_at_rate(rate, hi_ns) if hi_ns is not None else lo + 1
+    if q.mode == "inst":   # a ramp on the instantaneous queue: the smallest burst, as for the step
+        avpkt = q.avpkt.value if q.avpkt else mtu
+        p = q.probability.value if q.probability is not None else 1.0   # run_checks requires it stated
+        return RedBytes(lo, hi, limit, avpkt, q.burst or lo // avpkt + 1, p)
     avpkt = q.avpkt.value if q.avpkt else 1000
     burst = q.burst or max(1, _ceil_div(2 * lo + hi, 3 * avpkt))   # Floyd / tc-red rule of thumb
     p = q.probability.value if q.probability is not None else 0.1
     return RedBytes(lo, hi, limit, avpkt, burst, p)
 
 
-def queue_capacity_bytes(queue: Queue, rate_bit: int, mtu: int) -> int:
-    """Largest backlog the leaf can hold; a packet-limited queue is counted in full frames."""
-    if isinstance(queue, PfifoQueue):
-        return queue.limit * wire_frame_bytes(mtu)
+def step_k_bytes(rate_bit: int, k_ns: int, mtu: int) -> int:
+    """Step marking threshold K = max(rate/8 x t, 2 MTU): the floor covers serialisation on slow links."""
+    return max(bytes_at_rate(rate_bit, k_ns), 2 * mtu)
+
+
+# packet limits tc applies when a plan leaves them out (iproute2 / kernel defaults)
+_DEFAULT_LIMIT_PACKETS = {"fq_codel": 10240, "codel": 1000, "pie": 1000, "fq_pie": 10240, "dualpi2": 10000}
+
+
+def queue_capacity_bytes(queue: Queue, refs: LinkRefs) -> int | None:
+    """Largest backlog the leaf can hold (None when only memory bounds it, as for CAKE); a packet-limited
+    queue is counted in full frames."""
     if isinstance(queue, BfifoQueue):
-        return queue.limit.value
-    return red_bytes(queue, rate_bit, mtu).limit_bytes
+        return queue.limit.resolve(refs.rate_bit, refs.rtt_ns)
+    if isinstance(queue, RedQueue):
+        return queue.limit.resolve(refs.rate_bit, refs.rtt_ns)
+    if isinstance(queue, CakeQueue):
+        return None
+    limit = getattr(queue, "limit", None)
+    packets = limit if limit is not None else _DEFAULT_LIMIT_PACKETS[queue.kind]
+    return packets * wire_frame_bytes(refs.mtu)
 
 
 def netem_limit_rule(rate_bit: int, delay_ns: int, mtu: int, child_packets: int) -> int:
@@ -96,56 +162,77 @@ def netem_limit_rule(rate_bit: int, delay_ns: int, mtu: int, child_packets: int)
     return _ceil_div(3 * rate_bit * delay_ns, 2 * 8 * NS_PER_S * mtu) + child_packets
 
 
-def netem_limit_packets(b: Bottleneck, mtu: int) -> int | None:
+def netem_limit_packets(b: Bottleneck, refs: LinkRefs) -> int | None:
     """The netem limit of the bottleneck: stated, or derived from the line rate; None without a delay."""
     if b.delay is None:
         return None
     if b.netem_limit is not None:
         return b.netem_limit
-    line = b.line_rate.value if b.line_rate else b.rate.value   # checks.py requires line_rate here
-    child = _ceil_div(queue_capacity_bytes(b.queue, b.rate.value, mtu), mtu)
-    return netem_limit_rule(line, b.delay.value, mtu, child)
+    line = b.line_rate.value if b.line_rate else b.rate.value   # run_checks requires line_rate here
+    capacity = queue_capacity_bytes(b.queue, refs)
+    child = _ceil_div(capacity, refs.mtu) if capacity is not None else 0
+    return netem_limit_rule(line, b.delay.value, refs.mtu, child)
 
 
-def _red_values(q: RedQueue, rate: int, mtu: int, flows: int, rtt: int | None) -> dict[str, Any]:
-    r = red_bytes(q, rate, mtu)
-    out: dict[str, Any] = {"red_min_bytes": r.min_bytes, "red_max_bytes": r.max_bytes,
-                           "red_limit_bytes": r.limit_bytes, "red_avpkt_bytes": r.avpkt_bytes,
-                           "red_burst_packets": r.burst_packets, "red_probability": r.probability}
-    if rtt is not None:
-        out["window_segments_at_min"] = round(window_segments(rate, flows, mtu, rtt, q.min.value), 3)
-        if q.mode == "ramp" and q.max is not None:
-            out["window_segments_at_max"] = round(window_segments(rate, flows, mtu, rtt, q.max.value), 3)
+def _red_values(q: RedQueue, refs: LinkRefs, flows: int) -> dict[str, Any]:
+    r = red_bytes(q, refs)
+    lo_ns, hi_ns = red_times(q, refs)
+    out: dict[str, Any] = {"red_min_us": lo_ns / 1000, "red_min_bytes": r.min_bytes}
+    if q.mode != "step":
+        out.update({"red_max_us": (hi_ns or 0) / 1000, "red_max_bytes": r.max_bytes})
+    else:
+        out.update({"step_k_bytes": r.min_bytes, "red_max_bytes": r.max_bytes})
+    out.update({"red_limit_bytes": r.limit_bytes, "red_avpkt_bytes": r.avpkt_bytes,
+                "red_burst_packets": r.burst_packets, "red_probability": r.probability})
+    if refs.rtt_ns is not None:
+        w = window_segments(refs.rate_bit, flows, refs.mtu, refs.rtt_ns, lo_ns)
+        out["window_segments_at_min"] = round(w, 3)
+        if q.mode != "step" and hi_ns is not None:
+            w = window_segments(refs.rate_bit, flows, refs.mtu, refs.rtt_ns, hi_ns)
+            out["window_segments_at_max"] = round(w, 3)
     return out
+
+
+def tcp_flow_count(t: RunTemplate) -> int:
+    """Flows that share the bottleneck as TCP (UDP load is not a window-limited flow)."""
+    return sum(g.flows for g in [t.traffic, *t.background] if g.tool != "udp")
 
 
 def derived_values(t: RunTemplate) -> dict[str, Any]:
     """Derived values of a resolved run template (keys carry their unit)."""
     mtu = t.mtu.value
     out: dict[str, Any] = {"wire_frame_bytes": wire_frame_bytes(mtu)}
-    b = t.bottleneck
-    if b is None:
+    b, refs = t.bottleneck, link_refs(t)
+    if b is None or refs is None:
         return out
-    rate = b.rate.value
-    # with a netem delay on the bottleneck and no stated base RTT, the delay is the base RTT
-    rtt = t.base_rtt.value if t.base_rtt is not None else (b.delay.value if b.delay is not None else None)
+    rate, rtt, flows = refs.rate_bit, refs.rtt_ns, max(1, tcp_flow_count(t))
     out["htb_burst_bytes"] = b.burst.value if b.burst else htb_burst_bytes(rate, mtu)
-    capacity = queue_capacity_bytes(b.queue, rate, mtu)
-    out["queue_capacity_bytes"] = capacity
-    out["queue_capacity_ms"] = round(drain_time_ns(capacity, rate) / 1e6, 3)
+    capacity = queue_capacity_bytes(b.queue, refs)
+    if capacity is not None:
+        out["queue_capacity_bytes"] = capacity
+        out["queue_capacity_ms"] = round(drain_time_ns(capacity, rate) / 1e6, 3)
     if b.delay is not None:
-        out["netem_limit_packets"] = netem_limit_packets(b, mtu)
+        out["netem_limit_packets"] = netem_limit_packets(b, refs)
         if b.line_rate is not None:
-            child = _ceil_div(capacity, mtu)
+            child = _ceil_div(capacity, mtu) if capacity is not None else 0
             rule = netem_limit_rule(b.line_rate.value, b.delay.value, mtu, child)
             out["netem_limit_rule_packets"] = rule
             out["netem_limit_below_rule"] = out["netem_limit_packets"] < rule
     if isinstance(b.queue, RedQueue):
-        out.update(_red_values(b.queue, rate, mtu, t.traffic.flows, rtt))
+        out.update(_red_values(b.queue, refs, flows))
+    elif isinstance(b.queue, MarkQueue) and b.queue.mode == "step":
+        out["step_k_bytes"] = step_k_bytes(rate, b.queue.min.resolve(rtt, refs.target_ns), mtu)
+    target = refs.target_ns or 0
+    out["target_us"] = target / 1000
     if rtt is not None:
-        out["bdp_bytes"] = bdp_bytes(rate, rtt)
-        out["queue_capacity_bdp"] = round(capacity / max(1, bdp_bytes(rate, rtt)), 3)
-        w = window_segments(rate, t.traffic.flows, mtu, rtt)
-        out["window_segments_per_flow"] = round(w, 3)
-        out["window_below_2_segments"] = w < 2   # G-FLOOR: cwnd cannot go below 2 segments
+        bdp = bdp_bytes(rate, rtt)
+        out["bdp_bytes"] = bdp
+        if capacity is not None:
+            out["queue_capacity_bdp"] = round(capacity / max(1, bdp), 3)
+        w = window_segments(rate, flows, mtu, rtt, target)
+        out["per_flow_window_segments"] = round(w, 3)
+        out["submss"] = w < 2   # G-FLOOR: the cwnd cannot go below 2 segments per flow
+        # G-FLOOR: with every flow at 2 segments the queue cannot drain below N x 2 frames - BDP
+        floor_ns = flows * 2 * (mtu + FRAME_OVERHEAD) * 8 * NS_PER_S // rate - rtt
+        out["floor_queue_us"] = round(max(0, floor_ns) / 1000, 1)
     return out

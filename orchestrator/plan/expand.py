@@ -10,10 +10,20 @@ import hashlib
 import random
 from typing import Any, Literal
 
-from orchestrator.plan.build import capture_points, flow_specs, host_plans, qdisc_stat_links
-from orchestrator.plan.checks import param_name
+from pydantic import BaseModel
+
+from orchestrator.plan.build import (
+    ack_policy_spec,
+    analysis_spec,
+    capture_points,
+    event_specs,
+    flow_specs,
+    host_plans,
+    qdisc_stat_links,
+)
+from orchestrator.plan.checks import all_assignments, param_name
 from orchestrator.plan.derive import derived_values
-from orchestrator.plan.errors import Marks, PlanError, locate_all
+from orchestrator.plan.errors import Marks, Path, PlanError, locate_all
 from orchestrator.plan.model import Plan
 from orchestrator.plan.paths import get_in
 from orchestrator.plan.quantities import Quantity
@@ -21,16 +31,38 @@ from orchestrator.plan.runspec import RunSpec
 from orchestrator.plan.validate import Resolved, check_document
 
 
-def run_params(plan: Plan, r: Resolved) -> dict[str, Any]:
-    """The values that define the run: as written (`rate: '20mbit'`) and as numbers (`rate_bit`)."""
+def varied_fields(plan: Plan) -> dict[str, Path]:
+    """Every field path the plan varies anywhere (experiments, arms, matrices), in plan order."""
+    out: dict[str, Path] = {}
+    for a in all_assignments(plan):
+        out.setdefault(a.dotted, a.path)
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Quantity):
+        return value.raw
+    if isinstance(value, BaseModel):   # the short form, but a queue or stage always says its kind
+        kind = {"kind": value.kind} if "kind" in type(value).model_fields else {}
+        return {**kind, **value.model_dump(mode="json", exclude_defaults=True)}
+    return value
+
+
+def run_params(plan: Plan, r: Resolved, varied: dict[str, Path]) -> dict[str, Any]:
+    """The values that define the run: every field the plan varies, with this run's value (as written,
+    `rate: '20mbit'`, plus the number, `rate_bit`), so runs of different cells compare on the same keys."""
     params: dict[str, Any] = {}
     if r.cell.arm is not None:
         params["arm"] = r.cell.arm
-    for a in r.cell.assignments:
-        name = param_name(plan, a.dotted)
-        params[name] = a.value
-        value = get_in(r.run, a.path)
-        if isinstance(value, Quantity):
+    written = {a.path: a.value for a in r.cell.assignments}
+    for dotted, path in varied.items():
+        try:
+            value = get_in(r.run, path)
+        except KeyError:
+            continue   # e.g. a per-flow override of a flow this run does not have
+        name = param_name(plan, dotted)
+        params[name] = written.get(path, _plain(value))
+        if isinstance(value, Quantity) and not isinstance(value.number, str):
             params[f"{name}_{value.suffix}"] = value.number
     return params
 
@@ -41,15 +73,16 @@ def run_seed(plan: Plan, key: str, repetition: int) -> int:
     return int.from_bytes(hashlib.sha256(text).digest()[:6], "big")
 
 
-def _run_specs(plan: Plan, r: Resolved) -> list[RunSpec]:
+def _run_specs(plan: Plan, r: Resolved, varied: dict[str, Path]) -> list[RunSpec]:
     t = r.run
     stats, interval = qdisc_stat_links(t)
     stem = "-".join([plan.name, r.cell.experiment] + ([r.cell.arm] if r.cell.arm else []) + [r.key])
     common: dict[str, Any] = dict(
-        plan_name=plan.name, experiment=r.cell.experiment, params=run_params(plan, r),
-        derived=derived_values(t), duration_s=t.duration.seconds, hosts=host_plans(t, plan.roles),
+        plan_name=plan.name, experiment=r.cell.experiment, cell=r.cell.index, params=run_params(plan, r, varied),
+        derived=derived_values(t), duration_s=t.duration.seconds, hosts=host_plans(t, plan.roles, plan.kernels),
         flows=flow_specs(t), captures=capture_points(t), qdisc_stats=stats, qdisc_stats_interval_ms=interval,
-        tcp_probe=t.tcp_probe)
+        tcp_probe=t.tcp_probe, ack_policy=ack_policy_spec(t), events=event_specs(t),
+        analysis=analysis_spec(t))
     return [RunSpec(run_id=f"{stem}-r{rep}", repetition=rep, seed=run_seed(plan, r.key, rep), **common)
             for rep in range(r.cell.repetitions)]
 
@@ -74,4 +107,5 @@ def expand(plan: Plan, *, order: Literal["cells", "rounds", "random"] | None = N
     checked = check_document(plan.model_dump(exclude_unset=True))
     if checked.problems:
         raise PlanError(locate_all(checked.problems, Marks({}, {}), f"<plan {plan.name}>"))
-    return order_runs(plan, [_run_specs(plan, r) for r in checked.runs], order)
+    varied = varied_fields(plan)
+    return order_runs(plan, [_run_specs(plan, r, varied) for r in checked.runs], order)

@@ -51,6 +51,7 @@ class Cell:
     arm: str | None
     assignments: tuple[Assignment, ...]
     repetitions: int
+    index: int = 0          # which matrix cell of the experiment (the same for every arm)
 
 
 @lru_cache(maxsize=4096)
@@ -159,6 +160,6 @@ def iter_cells(plan: Plan) -> Iterator[Cell]:
             if arm_entry is not None:
                 j, arm = arm_entry
                 arm_sets = tuple(assign(d, v, ("arms", j, "set", d)) for d, v in arm.set.items())
-            for cell in cells:
+            for k, cell in enumerate(cells):
                 yield Cell(view.name, arm_entry[1].name if arm_entry else None,
-                           view.sets + arm_sets + cell, view.repetitions)
+                           view.sets + arm_sets + cell, view.repetitions, k)

@@ -10,6 +10,8 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, JsonValue, StringConstraints
 
+from orchestrator.plan.kernels import KernelVariant
+from orchestrator.plan.names import VariantName
 from orchestrator.plan.template import RoleName, RunTemplate, Strict, _f
 
 PlanName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.][A-Za-z0-9_.-]{0,31}$")]
@@ -85,6 +87,9 @@ class Plan(Strict):
     param_names: dict[FieldPath, ParamName] = _f(
         {}, "field path -> name in the run params (default: the last path segment)",
         {"hosts.aqm.sysctls.net.ipv4.tcp_ecn": "aqm_ecn"})
+    kernels: dict[VariantName, KernelVariant] = _f(
+        {}, "kernel variants hosts may be asked to run (`hosts.<role>.kernel` names one)", {
+            "vanilla-6.1": {"vanilla": True, "package": "linux-image-6.1.0-28-cloud-amd64"}})
     run: RunTemplate = _f(..., "the template every run starts from", {
         "duration": "5s", "traffic": {"src": "server", "dst": "client", "cc": "reno", "flows": 1}})
     matrix: Matrix = _f(Matrix(), "how runs vary: product of axes, zip groups, include/exclude",

@@ -106,11 +106,61 @@ class Fraction(Quantity):
                              {"type": "string", "pattern": units.FRACTION_PATTERN}]}
 
 
+class Threshold(Quantity):
+    """An AQM threshold: a time, or relative to the BDP (`0.17bdp` = 0.17 x base RTT) or to the target queue
+    (`3target`). `.value` is (unit, number); `resolve` gives nanoseconds for one run."""
+
+    unit, suffix, example = "time, or a multiple of the BDP / target queue (write 500us, 0.17bdp, 3target)", \
+        "spec", "500us"
+    parser = staticmethod(units.parse_threshold)
+    json_schema = {"type": "string", "pattern": units.THRESHOLD_PATTERN}
+
+    @property
+    def number(self) -> str:
+        return str(self.raw)
+
+    def resolve(self, rtt_ns: int | None, target_ns: int | None) -> int:
+        kind, x = self.value
+        if kind == "ns":
+            return int(x)
+        ref = rtt_ns if kind == "bdp" else target_ns
+        if ref is None:
+            raise ValueError(f"{self.raw!r} is relative to the {'base RTT' if kind == 'bdp' else 'target'}, "
+                             "which this run does not state")
+        return int(x * ref)
+
+
+class Buffer(Quantity):
+    """A buffer: bytes, a time at the bottleneck rate (`200ms`) or a multiple of the BDP (`1bdp`)."""
+
+    unit, suffix, example = "bytes, time at the bottleneck rate, or a multiple of the BDP (write 150KB, 200ms, " \
+        "1bdp)", "spec", "1bdp"
+    parser = staticmethod(units.parse_buffer)
+    json_schema = {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "string", "pattern": units.BUFFER_PATTERN}]}
+
+    @property
+    def number(self) -> str:
+        return str(self.raw)
+
+    def resolve(self, rate_bit: int | None, rtt_ns: int | None) -> int:
+        """Bytes for one run (BDP and time need the bottleneck rate; BDP also the base RTT)."""
+        kind, x = self.value
+        if kind == "bytes":
+            return int(x)
+        if rate_bit is None or (kind == "bdp" and rtt_ns is None):
+            raise ValueError(f"{self.raw!r} needs the bottleneck rate{' and base RTT' if kind == 'bdp' else ''}")
+        ns = x * rtt_ns if kind == "bdp" else x
+        return -(-int(rate_bit * ns) // (8 * 10**9))
+
+
 def _positive(q: Quantity) -> Quantity:
-    if q.value <= 0:
+    value = q.value[1] if isinstance(q.value, tuple) else q.value
+    if value <= 0:
         raise ValueError(f"must be greater than zero, got {q.raw!r}")
     return q
 
 
 PositiveTime = Annotated[Time, AfterValidator(_positive)]
 PositiveSize = Annotated[Size, AfterValidator(_positive)]
+PositiveThreshold = Annotated[Threshold, AfterValidator(_positive)]
+PositiveBuffer = Annotated[Buffer, AfterValidator(_positive)]

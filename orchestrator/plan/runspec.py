@@ -26,7 +26,20 @@ class LinkRef(_Strict):
         return f"{self.host}:to-{self.toward}"
 
 
+class KernelRef(_Strict):
+    """The kernel variant a host must run: its label, expected release and content hash (G-VARIANT)."""
+
+    name: str
+    vanilla: bool
+    release: str | None = Field(default=None, description="expected `uname -r`; None for a build whose "
+                                "release is known only after it is built")
+    sha256: str = Field(description="hash of the variant's definition")
+
+
 class HostPlan(_Strict):
+    kernel: KernelRef | None = None
+    module_params: dict[str, dict[str, str]] = Field(default_factory=dict,
+                                                     description="module -> parameter -> value")
     sysctls: dict[str, str] = Field(default_factory=dict)
     offloads: dict[str, bool] = Field(default_factory=dict, description="applied to every data interface")
     qdiscs: dict[str, list[QdiscStage]] = Field(
@@ -42,7 +55,36 @@ class FlowSpec(_Strict):
     start_s: float = Field(ge=0, description="offset from T0")
     duration_s: float = Field(gt=0)
     port: int = Field(ge=1024, le=65535, description="receiver port; unique per flow in a run")
-    tool: Literal["iperf3"] = "iperf3"
+    tool: Literal["iperf3", "udp", "app_limited"] = "iperf3"
+    group: int = Field(default=0, ge=0, description="0 = the main traffic, k = background[k-1]")
+    bytes: int | None = Field(default=None, gt=0, description="stop after this many bytes")
+    rate_bit: int | None = Field(default=None, gt=0, description="sending rate (udp)")
+    write_size: int | None = Field(default=None, gt=0, description="bytes per write (app_limited)")
+    write_interval_s: float | None = Field(default=None, gt=0, description="seconds between writes")
+    nodelay: bool = False
+
+
+class AckPolicySpec(_Strict):
+    mode: Literal["per_segment", "delayed", "stretch"]
+    mechanism: Literal["quickack_route", "tcp_delayed_acks_sysctl", "module_param", "stock"]
+    segments_per_ack: int = 1
+    hosts: list[str]
+
+
+class EventSpec(_Strict):
+    at_s: float = Field(ge=0)
+    action: Literal["ack_blackout", "set_delay"]
+    link: LinkRef
+    duration_s: float | None = None
+    delay_ns: int | None = None
+
+
+class AnalysisSpec(_Strict):
+    warmup_s: float = 0.0
+    measure_s: float | None = None
+    window: Literal["all_flows_active", "run"] = "all_flows_active"
+    bin_s: float | None = None
+    bin_rtts: float | None = None
 
 
 class CapturePoint(_Strict):
@@ -54,6 +96,7 @@ class RunSpec(_Strict):
     run_id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$")
     plan_name: str
     experiment: str
+    cell: int = Field(default=0, description="matrix cell within the experiment (shared by its arms)")
     repetition: int = 0
     seed: int = 0
     params: dict[str, Any] = Field(description="the matrix values that define this run")
@@ -65,6 +108,9 @@ class RunSpec(_Strict):
     qdisc_stats: list[LinkRef] = Field(default_factory=list)
     qdisc_stats_interval_ms: int = 10
     tcp_probe: bool = True
+    ack_policy: AckPolicySpec | None = None
+    events: list[EventSpec] = Field(default_factory=list)
+    analysis: AnalysisSpec = AnalysisSpec()
 
     @property
     def senders(self) -> list[str]:

@@ -7,28 +7,28 @@ in `checks.py`, so they can name the exact field at fault.
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
+from pydantic import BeforeValidator, StringConstraints
 
-from orchestrator.plan.quantities import Fraction, PositiveSize, PositiveTime, Rate, Size, Time
+from orchestrator.plan.conditions import AckPolicy, Analysis, Event
+from orchestrator.plan.fields import Strict, _f
+from orchestrator.plan.names import RoleName, VariantName
+from orchestrator.plan.qdiscs import (  # noqa: F401 - re-exported: the stage models are part of the template
+    BfifoQueue,
+    HtbStage,
+    NetemStage,
+    PfifoQueue,
+    Queue,
+    RedQueue,
+    Stage,
+    TbfStage,
+)
+from orchestrator.plan.quantities import PositiveSize, PositiveTime, Rate, Size, Time
+from orchestrator.plan.traffic import Traffic
 
-
-class Strict(BaseModel):
-    """Base of every plan model: unknown fields are errors, values are immutable."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def _f(default: Any, description: str, example: Any, unit: str | None = None, **kw: Any) -> Any:
-    """A documented field: every plan field carries a description and an example (the schema shows both);
-    plain numbers also name their unit (quantity types carry theirs)."""
-    extra = {"unit": unit} if unit else None
-    return Field(default, description=description, examples=[example], json_schema_extra=extra, **kw)
-
-
-RoleName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,31}$")]
-CcName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]{1,32}$")]
+ModuleName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,55}$")]
+ParamKey = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
 SysctlName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]*(\.[A-Za-z0-9_-]+)+$")]
 # ethtool -K short names; an allow-list catches typos such as `tro` (EXPERIMENTS.md G-SYSCTL).
 OffloadName = Literal["tso", "gso", "gro", "lro", "sg", "tx", "rx", "tx-gso-partial",
@@ -56,63 +56,6 @@ class LinkSel(Strict):
     toward: RoleName = _f(..., "role of the peer at the other end of the link", "client")
 
 
-# ------------------------------------------------------------------ qdisc stages (plan units)
-
-class PfifoQueue(Strict):
-    kind: Literal["pfifo"] = _f("pfifo", "packet-limited FIFO (tail drop)", "pfifo")
-    limit: int = _f(..., "queue limit in packets", 100, unit="packets", gt=0, le=1_000_000)
-
-
-class BfifoQueue(Strict):
-    kind: Literal["bfifo"] = _f("bfifo", "byte-limited FIFO (tail drop)", "bfifo")
-    limit: PositiveSize = _f(..., "queue limit in bytes", "150KB")
-
-
-class HtbStage(Strict):
-    kind: Literal["htb"] = _f("htb", "htb root with one default class shaping to `rate`", "htb")
-    rate: Rate = _f(..., "class rate", "100mbit")
-    ceil: Rate | None = _f(None, "class ceil (default: the rate)", "100mbit")
-    burst: PositiveSize | None = _f(None, "class burst (default: rate x 1 ms, at least one frame)", "12500B")
-    cburst: PositiveSize | None = _f(None, "class cburst (default: the burst)", "12500B")
-
-
-class TbfStage(Strict):
-    kind: Literal["tbf"] = _f("tbf", "token bucket filter", "tbf")
-    rate: Rate = _f(..., "token rate", "50mbit")
-    burst: PositiveSize = _f(..., "bucket size", "32KiB")
-    limit: PositiveSize = _f(..., "bytes that may wait for tokens", "150KB")
-
-
-class NetemStage(Strict):
-    kind: Literal["netem"] = _f("netem", "netem delay line (e.g. on the ACK path)", "netem")
-    delay: Time = _f(..., "constant delay added to every packet", "15ms")
-    limit: int = _f(..., "packets netem may hold; needs >= 1.5 x rate x delay / MTU (EXPERIMENTS.md "
-                    "G-NETEM), so it is stated explicitly here", 1000, unit="packets", gt=0, le=10_000_000)
-
-
-class RedQueue(Strict):
-    """RED with thresholds in time; expansion converts them to bytes at the bottleneck rate."""
-
-    kind: Literal["red"] = _f("red", "RED marking/dropping queue", "red")
-    mode: Literal["ramp", "step"] = _f(
-        "ramp", "`ramp`: probability rises from 0 at min to `probability` at max (averaged queue); "
-        "`step`: one threshold K = max(rate x min, 2 MTU), marks with probability 1", "ramp")
-    min: PositiveTime = _f(..., "lower threshold (ramp) or the step threshold K", "500us")
-    max: PositiveTime | None = _f(None, "upper threshold (ramp only; must be above min)", "1500us")
-    limit: PositiveTime = _f("200ms", "buffer: hard limit as time at the bottleneck rate", "200ms",
-                             validate_default=True)
-    probability: Fraction | None = _f(None, "marking probability at max (default: 10% ramp, 1 step)", "10%")
-    ecn: bool = _f(True, "mark ECN-capable packets instead of dropping them", True)
-    adaptive: bool = _f(False, "adaptive RED (tunes max_p)", True)
-    avpkt: PositiveSize | None = _f(None, "average packet size (default: 1000 B ramp, the MTU step)", 1000)
-    burst: int | None = _f(None, "burst allowance in packets (default: (2 min + max) / (3 avpkt) for a "
-                           "ramp, the smallest tc accepts for a step)", 2, unit="packets", gt=0, le=10**6)
-
-
-Queue = Annotated[PfifoQueue | BfifoQueue | RedQueue, Field(discriminator="kind")]
-Stage = Annotated[HtbStage | TbfStage | PfifoQueue | BfifoQueue | NetemStage, Field(discriminator="kind")]
-
-
 # ------------------------------------------------------------------ sections
 
 class Bottleneck(Strict):
@@ -128,41 +71,14 @@ class Bottleneck(Strict):
                       "holds 1000 packets", {"kind": "pfifo", "limit": 100})
     delay: Time | None = _f(None, "netem delay in front of the shaper (the whole base RTT on this path)",
                             "300us")
+    target: PositiveTime | None = _f(
+        None, "queue delay the AQM aims for; the per-flow window uses base_rtt + target (default: the "
+        "AQM's lower threshold, e.g. RED min or the step K, or its target)", "500us")
     line_rate: Rate | None = _f(None, "speed of the interface: the rate netem sees before the shaper "
                                 "(sizes the netem limit)", "1gbit")
     netem_limit: int | None = _f(None, "netem limit in packets; default derived (1.5 x line rate x delay / "
                                  "MTU + the leaf's buffer in packets)", 1000, unit="packets", gt=0,
                                  le=10_000_000)
-
-
-class FlowOverride(Strict):
-    """Settings of one flow that differ from the traffic defaults."""
-
-    cc: CcName | None = _f(None, "congestion control of this flow", "dctcp")
-    src: RoleName | None = _f(None, "sending role of this flow", "server")
-    dst: RoleName | None = _f(None, "receiving role of this flow", "client")
-    start: Time | None = _f(None, "start offset from T0 (replaces start + index x stagger)", "5s")
-    duration: PositiveTime | None = _f(None, "how long this flow sends", "10s")
-    port: int | None = _f(None, "receiver port of this flow", 5301, ge=1024, le=65535)
-
-
-class Traffic(Strict):
-    """Bulk TCP flows: `flows` identical flows unless `per_flow` overrides some of them."""
-
-    tool: Literal["iperf3"] = _f("iperf3", "traffic generator", "iperf3")
-    src: RoleName = _f(..., "sending role", "server")
-    dst: RoleName = _f(..., "receiving role", "client")
-    cc: CcName = _f(..., "congestion control of every flow (TCP_CONGESTION per socket)", "cubic")
-    flows: int = _f(..., "number of flows", 2, unit="flows", ge=1, le=256)
-    start: Time = _f("0s", "start offset of flow 0 from T0", "0s", validate_default=True)
-    stagger: Time = _f("0s", "interval between successive flow starts ('flow pace'): flow i starts "
-                       "at start + i x stagger", "1s", validate_default=True)
-    duration: PositiveTime | None = _f(None, "how long each flow sends; default: until the run ends",
-                                       "10s")
-    base_port: int = _f(5201, "receiver port of flow 0; flow i uses base_port + i", 5201,
-                        ge=1024, le=65535)
-    per_flow: dict[Annotated[int, Field(ge=0)], FlowOverride] = _f(
-        {}, "overrides for single flows, by flow index (0-based)", {1: {"cc": "reno", "start": "5s"}})
 
 
 class HostSettings(Strict):
@@ -176,6 +92,12 @@ class HostSettings(Strict):
         {"tso": False, "gso": False, "gro": False, "sg": False})
     flush_tcp_metrics: bool | None = _f(None, "flush the TCP metrics cache before the run (default on)",
                                         True)
+    kernel: VariantName | None = _f(
+        None, "kernel variant the host must run (a key of the plan's `kernels`); default: whatever it runs, "
+        "recorded", "vanilla-5.0.0")
+    module_params: dict[ModuleName, dict[ParamKey, SysctlValue]] = _f(
+        {}, "kernel module -> parameter -> value, written to /sys/module/<m>/parameters before the run",
+        {"tcp_dctcp": {"dctcp_shift_g": 4}, "tcp_cubic": {"beta": 850}})
     qdiscs: dict[RoleName, list[Stage]] = _f(
         {}, "explicit qdisc chains, root first, keyed by the role the interface faces (the bottleneck "
         "section adds its own chain)", {"server": [{"kind": "pfifo", "limit": 1000}]})
@@ -220,4 +142,15 @@ class RunTemplate(Strict):
     captures: list[Capture] = _f([], "packet capture points", [{"host": "aqm", "toward": "client"}])
     qdisc_stats: QdiscStats | None = _f(None, "qdisc statistics polling",
                                         {"links": [{"host": "aqm", "toward": "client"}], "interval": "10ms"})
+    background: list[Traffic] = _f(
+        [], "further flow groups of the run (a greedy background flow, UDP load); their flow ids and "
+        "ports follow the main traffic's", [{"src": "server", "dst": "client", "cc": "dctcp", "flows": 1,
+                                             "base_port": 5401}])
+    ack_policy: AckPolicy | None = _f(None, "receiver ACK policy and how it is put in place (G-ACK); "
+                                      "default: the stack's own, recorded", {"mode": "per_segment",
+                                                                           "mechanism": "quickack_route"})
+    events: list[Event] = _f([], "timed actions during the run (G-FAULT)", [
+        {"at": "20s", "action": "ack_blackout", "host": "receiver", "toward": "aqm", "duration": "1s"}])
+    analysis: Analysis = _f(Analysis(), "analysis windows stored with the run (G-WINDOW)",
+                            {"warmup": "2s", "bin": "10ms"})
     tcp_probe: bool = _f(True, "record the tcp:tcp_probe tracepoint on the senders", True)

@@ -139,6 +139,49 @@ def parse_fraction(text: object) -> float:
     return float(value)
 
 
+# Study thresholds and buffers are often relative: "K = 0.17 x BDP", "buffer = 1 x BDP", ramp max = 3 x the
+# target queue. These units keep such a plan faithful to the study; expansion resolves them per cell.
+RELATIVE_UNITS = ("bdp", "target")
+THRESHOLD_PATTERN = r"^\s*([0-9]+(\.[0-9]*)?|\.[0-9]+)\s*(ns|us|µs|μs|ms|s|bdp|target)\s*$"
+BUFFER_PATTERN = (r"^\s*([0-9]+(\.[0-9]*)?|\.[0-9]+)\s*(ns|us|µs|μs|ms|s|bdp|(([KkMmGg][iI]?)?B))?\s*$")
+
+
+def _relative(text: object, allowed: tuple[str, ...]) -> tuple[str, Fraction] | None:
+    if isinstance(text, str):
+        m = _QUANTITY.match(text)
+        if m and (m.group("unit") or "").lower() in allowed:
+            value = Fraction(Decimal(m.group("num")))
+            if not 0 < value <= 1000:
+                raise ValueError(f"{text!r}: the multiple must be in (0, 1000]")
+            return m.group("unit").lower(), value
+    return None
+
+
+def parse_threshold(text: object) -> tuple[str, int | Fraction]:
+    """An AQM threshold: a time ('500us' -> ('ns', 500000)), a multiple of the base RTT's BDP
+    ('0.17bdp' -> ('bdp', 17/100), i.e. 0.17 x RTT in time) or of the target queue ('3target')."""
+    rel = _relative(text, RELATIVE_UNITS)
+    if rel:
+        return rel
+    try:
+        return "ns", parse_time_ns(text)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; thresholds may also be relative: '0.17bdp' or '3target'") from None
+
+
+def parse_buffer(text: object) -> tuple[str, int | Fraction]:
+    """A buffer size: bytes ('150KB', 18750 -> ('bytes', n)), a time at the bottleneck rate ('200ms' ->
+    ('ns', n)) or a multiple of the BDP ('1bdp' -> ('bdp', 1))."""
+    rel = _relative(text, ("bdp",))
+    if rel:
+        return rel
+    if isinstance(text, str):
+        m = _QUANTITY.match(text)
+        if m and (m.group("unit") or "") in TIME_UNITS_NS:
+            return "ns", parse_time_ns(text)
+    return "bytes", parse_size(text)
+
+
 def format_rate(bit_s: int) -> str:
     """The shortest exact tc-style spelling of a rate: 20000000 -> '20mbit'."""
     for unit in ("tbit", "gbit", "mbit", "kbit"):

@@ -15,12 +15,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from orchestrator.plan.canon import digest
-from orchestrator.plan.checks import assignment_problems, plan_problems, run_problems
+from orchestrator.plan.checks import assignment_problems, plan_problems
 from orchestrator.plan.diagnose import problems_from
 from orchestrator.plan.errors import Path, Problem
 from orchestrator.plan.matrix import Cell, iter_cells
 from orchestrator.plan.model import Plan
 from orchestrator.plan.paths import PathError, set_in
+from orchestrator.plan.run_checks import run_problems
 from orchestrator.plan.template import RunTemplate
 
 
@@ -66,7 +67,8 @@ def resolve_cell(plan: Plan, template_doc: Any, cell: Cell) -> tuple[RunTemplate
     except ValidationError as exc:
         return None, [Problem(_to_plan(p.path, cell), p.message, p.at_key)
                       for p in problems_from(exc, doc, RunTemplate)]
-    return run, [Problem(_to_plan(p.path, cell), p.message, p.at_key) for p in run_problems(run, plan.roles)]
+    return run, [Problem(_to_plan(p.path, cell), p.message, p.at_key)
+                 for p in run_problems(run, plan.roles, set(plan.kernels))]
 
 
 def resolve_runs(plan: Plan, template_doc: Any) -> tuple[list[Resolved], list[Problem]]:

@@ -96,10 +96,11 @@ def test_study_plan_cells_arms_zip_include_exclude() -> None:
     plan = load_plan(STUDY)
     runs = expand(plan, order="cells")
     cells = Counter((r.experiment, r.params.get("arm"), r.params.get("rate")) for r in runs)
-    assert cells == Counter({("1", "reno", None): 2, ("1", "cubic", None): 2, ("2", "reno", None): 2,
+    # every run carries every varied field: experiments 1 and 2 show the template's rate
+    assert cells == Counter({("1", "reno", "200mbit"): 2, ("1", "cubic", "200mbit"): 2, ("2", "reno", "200mbit"): 2,
                              ("3A", "reno", "200mbit"): 2, ("3A", "reno", "1gbit"): 2,
                              ("3A", "cubic", "200mbit"): 2, ("3A", "cubic", "1gbit"): 2})
-    zipped = next(r for r in runs if r.params.get("rate") == "200mbit")
+    zipped = next(r for r in runs if r.experiment == "3A" and r.params.get("rate") == "200mbit")
     assert zipped.params["queue"] == {"kind": "pfifo", "limit": 50}   # zipped with the 200mbit rate
     assert zipped.hosts["aqm"].qdiscs["client"][1] == Pfifo(limit_packets=50)
     included = next(r for r in runs if r.params.get("rate") == "1gbit")
@@ -148,8 +149,8 @@ def test_derived_values_formulas() -> None:
     runs = expand(load_plan(STUDY), order="cells")
     one = next(r for r in runs if r.experiment == "1")
     assert one.derived["bdp_bytes"] == 7500
-    assert one.derived["window_below_2_segments"] is False
-    assert next(r for r in runs if r.experiment == "3A").derived["window_below_2_segments"] is True
+    assert one.derived["submss"] is False
+    assert next(r for r in runs if r.experiment == "3A").derived["submss"] is True
 
 
 def test_cli_outputs(tmp_path: Path) -> None:
@@ -164,7 +165,11 @@ def test_cli_outputs(tmp_path: Path) -> None:
     out = io.StringIO()
     assert cmd_table(QUICKSTART, out, io.StringIO()) == 0
     lines = out.getvalue().splitlines()
-    assert lines[0].split()[:5] == ["experiment", "cc", "rate", "rate_bit", "flows"] and len(lines) == 11
+    # study layout: rows = parameters, one column per matrix cell of the single experiment
+    assert lines[0].split() == ["parameter"] + [f"main.{k}" for k in range(1, 9)]
+    rows = {ln.split()[0]: ln.split()[1:] for ln in lines[2:] if ln and not ln.startswith("same")}
+    assert rows["cc"] == ["reno"] * 4 + ["cubic"] * 4 and rows["rate"] == ["20mbit", "20mbit", "50mbit", "50mbit"] * 2
+    assert rows["htb_burst_bytes"] == ["2500", "2500", "6250", "6250"] * 2 and rows["runs"] == ["1"] * 8
     out = io.StringIO()
     assert cmd_expand(QUICKSTART, False, out, io.StringIO()) == 0 and len(out.getvalue().splitlines()) == 8
 

@@ -1,0 +1,56 @@
+"""Run conditions beyond host state: the receiver's ACK policy, timed events and analysis windows.
+
+Each is something the studies left implicit and paid for (EXPERIMENTS.md G-ACK, G-FAULT, G-WINDOW), so
+a plan states it and the run record keeps it.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from orchestrator.plan.fields import Strict, _f
+from orchestrator.plan.names import RoleName
+from orchestrator.plan.quantities import PositiveTime, Time
+
+
+class AckPolicy(Strict):
+    """How receivers acknowledge, and the mechanism that makes them do so."""
+
+    mode: Literal["per_segment", "delayed", "stretch"] = _f(
+        ..., "`per_segment`: one ACK per data segment; `delayed`: the stack's delayed ACKs; `stretch`: one "
+        "ACK per `segments_per_ack` segments", "per_segment")
+    mechanism: Literal["quickack_route", "tcp_delayed_acks_sysctl", "module_param", "stock"] = _f(
+        ..., "`quickack_route`: `ip route change ... quickack 1` on the receiver; `tcp_delayed_acks_sysctl`: "
+        "a patched kernel's net.ipv4.tcp_delayed_acks; `module_param`: a module parameter of the kernel "
+        "variant; `stock`: nothing changed", "quickack_route")
+    segments_per_ack: int = _f(1, "segments acknowledged per ACK (delta; 2 for the LS-AIMD Exp 3B stretch "
+                               "ACKs)", 2, unit="segments", ge=1, le=64)
+    hosts: list[RoleName] | None = _f(None, "receiving roles it applies to (default: every flow's dst)",
+                                      ["receiver"])
+
+
+class Event(Strict):
+    """A timed action an agent performs during the run and logs with its timestamp."""
+
+    at: Time = _f(..., "when, from T0", "20s")
+    action: Literal["ack_blackout", "set_delay"] = _f(
+        ..., "`ack_blackout`: drop the host's outgoing packets on the interface for `duration`; `set_delay`: "
+        "change the netem delay of the interface's chain to `delay` (an RTT step)", "ack_blackout")
+    host: RoleName = _f(..., "role of the host that acts", "receiver")
+    toward: RoleName = _f(..., "interface of the action (the role it faces)", "aqm")
+    duration: PositiveTime | None = _f(None, "how long the action lasts (ack_blackout)", "1s")
+    delay: Time | None = _f(None, "new netem delay (set_delay)", "100ms")
+
+
+class Analysis(Strict):
+    """Windows the analysis uses for this run (stored with each result)."""
+
+    warmup: Time = _f("0s", "excluded from the start of the run", "2s", validate_default=True)
+    measure: PositiveTime | None = _f(None, "length of the measurement window after the warm-up "
+                                      "(default: to the end)", "120s")
+    window: Literal["all_flows_active", "run"] = _f(
+        "all_flows_active", "queue statistics cover the interval in which every flow is active, or the "
+        "whole run (after the warm-up)", "all_flows_active")
+    bin: PositiveTime | None = _f(None, "throughput bin width (default 100 ms; LS-AIMD averages 10 ms)",
+                                  "10ms")
+    bin_rtts: float | None = _f(None, "throughput bin width in base RTTs instead (Paced Chirping 1, DCTCP "
+                                "flaws 2)", 2, unit="base RTTs", gt=0, le=1000)
