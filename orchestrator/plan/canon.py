@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from fractions import Fraction
 from typing import Any
 
 from pydantic import BaseModel
@@ -18,7 +19,9 @@ from orchestrator.plan.quantities import Quantity
 def canonical(obj: Any) -> Any:
     """JSON-able form in kernel units; dict keys become strings so that sorting is total."""
     if isinstance(obj, Quantity):
-        return {"$" + type(obj).__name__.lower(): obj.value}
+        return {"$" + type(obj).__name__.lower(): canonical(obj.value)}
+    if isinstance(obj, Fraction):   # relative thresholds ('0.17bdp') keep their exact ratio
+        return f"{obj.numerator}/{obj.denominator}"
     if isinstance(obj, BaseModel):
         return {name: canonical(getattr(obj, name)) for name in type(obj).model_fields}
     if isinstance(obj, dict):

@@ -8,7 +8,9 @@ lists its distinct values. Rows equal in every column go to a footer, like the s
 """
 from __future__ import annotations
 
+import fnmatch
 import json
+import os
 from collections import defaultdict
 from typing import Any
 
@@ -34,23 +36,64 @@ def _companions(params: dict[str, Any]) -> set[str]:
     return {k for k in params if "_" in k and k.rsplit("_", 1)[0] in params}
 
 
-def arm_label(arms: list[str]) -> str:
-    """`reno-ramp-aimd, reno-ramp-ls100` -> `reno-ramp-*`; unrelated names are listed."""
-    if len(arms) == 1:
-        return arms[0]
-    parts = [a.split("-") for a in arms]
-    common = []
-    for segs in zip(*parts, strict=False):
-        if len(set(segs)) != 1:
-            break
-        common.append(segs[0])
-    return "-".join(common) + "-*" if common else ", ".join(arms)
+def _pieces(name: str) -> set[str]:
+    """Substrings of an arm name that start at a token boundary (`-ls`, `-ramp-`), for readable globs."""
+    starts = [i for i, c in enumerate(name) if c == "-"]
+    return {name[i:j] for i in starts for j in range(i + 3, len(name) + 1)}
+
+
+def arm_label(members: list[str], every: list[str]) -> str:
+    """A readable glob that names exactly these arms among all (`reno-ramp-*`, `*-ls100*`, `dctcp-*-ls*`),
+    else the list."""
+    if len(members) == 1:
+        return members[0]
+    tokens = [m.split("-") for m in members]
+    prefix = "-".join(os.path.commonprefix(tokens))
+    suffix = "-".join(os.path.commonprefix([tk[::-1] for tk in tokens])[::-1])
+    heads = [prefix + "-"] if prefix else [""]
+    middles = set.intersection(*(_pieces(m) for m in members))
+    candidates = [h + "*" for h in heads if h] + (["*-" + suffix] if suffix else [])
+    rest = os.path.commonprefix([m[len(heads[0]):] for m in members])
+    candidates += [heads[0] + rest + "*"] if rest else []
+    candidates += [h + "*" + mid + "*" for h in heads for mid in middles]
+    candidates += [h + "*" + mid for h in heads for mid in middles if all(m.endswith(mid) for m in members)]
+    exact = [g for g in candidates if
+             sorted(a for a in every if a is not None and fnmatch.fnmatchcase(a, g)) == sorted(members)]
+    # the most literal text explains the group best
+    return max(exact, key=lambda g: (len(g.replace("*", "")), -len(g))) if exact else ", ".join(members)
+
+
+def merge_arms(per_arm: dict[Any, tuple[str | None, ...]]) -> list[tuple[tuple[str | None, ...], list[Any]]]:
+    """Arms whose rows agree wherever both ran share one row (None: the arm did not run in that column)."""
+    groups: list[tuple[list[str | None], list[Any]]] = []
+    for arm, row in per_arm.items():
+        for merged, members in groups:
+            if all(a == b or None in (a, b) for a, b in zip(merged, row, strict=True)):
+                merged[:] = [b if a is None else a for a, b in zip(merged, row, strict=True)]
+                members.append(arm)
+                break
+        else:
+            groups.append((list(row), [arm]))
+    return [(tuple(row), members) for row, members in groups]
+
+
+def _flat(key: str, value: Any) -> list[tuple[str, Any]]:
+    """A model-valued parameter (a queue) becomes one row per field: `queue.mode`, `queue.min` ..."""
+    if isinstance(value, dict):
+        return [kv for k, v in value.items() for kv in _flat(f"{key}.{k}", v)]
+    return [(key, value)]
+
+
+def flat_params(r: RunSpec) -> dict[str, Any]:
+    skip = _companions(r.params) | {"arm"}
+    return dict(kv for k, v in r.params.items() if k not in skip for kv in _flat(k, v))
 
 
 def _values(runs: list[RunSpec], key: str) -> list[str]:
     out: list[str] = []
     for r in runs:
-        text = cell_text(r.params[key] if key in r.params else r.derived.get(key))
+        params = flat_params(r)
+        text = cell_text(params[key] if key in params else r.derived.get(key))
         if text not in out:
             out.append(text)
     return out
@@ -70,17 +113,16 @@ def study_table(runs: list[RunSpec]) -> tuple[list[str], list[list[str]], list[t
     arms: list[Any] = []
     keys: list[str] = []
     for r in runs:
-        skip = _companions(r.params) | {"arm"}
-        keys += [k for k in (*r.params, *r.derived) if k not in skip and k not in keys]
+        keys += [k for k in (*flat_params(r), *r.derived) if k not in keys]
         if r.params.get("arm") not in arms:
             arms.append(r.params.get("arm"))
     rows: list[list[str]] = []
     fixed: list[tuple[str, str]] = []
     for key in keys:
-        per_arm = {a: tuple(" / ".join(_values([r for r in col if r.params.get("arm") == a], key)) or MISSING
+        # None: the arm did not run in that column (it may share a row with any arm there)
+        per_arm = {a: tuple(" / ".join(_values([r for r in col if r.params.get("arm") == a], key)) or None
                             for col in columns.values()) for a in arms}
-        differs = any(len({per_arm[a][i] for a in arms if per_arm[a][i] != MISSING}) > 1
-                      for i in range(len(columns)))
+        differs = any(len({per_arm[a][i] for a in arms} - {None}) > 1 for i in range(len(columns)))
         if not differs:
             row = tuple(" / ".join(_values(col, key)) for col in columns.values())
             if len(set(row)) == 1:
@@ -88,10 +130,8 @@ def study_table(runs: list[RunSpec]) -> tuple[list[str], list[list[str]], list[t
             else:
                 rows.append([key, *row])
             continue
-        groups: dict[tuple[str, ...], list[str]] = defaultdict(list)
-        for a, row in per_arm.items():
-            groups[row].append(a)
-        rows += [[f"{key} [{arm_label(members)}]", *row] for row, members in groups.items()]
+        rows += [[f"{key} [{arm_label(members, arms)}]", *(v or MISSING for v in row)]
+                 for row, members in merge_arms(per_arm) if set(row) - {None, MISSING}]
     rows.append(["arms", *(str(len({r.params.get("arm") for r in col})) for col in columns.values())])
     rows.append(["runs", *(str(sum(1 for r in runs if (r.experiment, r.cell) == c)) for c in columns)])
     return ["parameter", *header], rows, fixed
