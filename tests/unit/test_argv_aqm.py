@@ -1,0 +1,62 @@
+"""argv builders for the AQM and delay stages (pure): tc syntax as iproute2 6.1 reads it. Whether the
+kernel accepts them is checked in the VM lab (tests/lab/test_vm_lab.py)."""
+from __future__ import annotations
+
+import pytest
+
+from agents.host.argv import ChainError, chain_argv, tc_time
+from schemas.hoststate import Cake, Codel, DualPi2, Fq, FqCodel, FqPie, Htb, Mark, Netem, Pfifo, Pie, Red
+
+
+def test_times_are_written_in_microseconds() -> None:
+    assert (tc_time(10_000_000), tc_time(250_000), tc_time(32_768)) == ("10000us", "250us", "32.768us")
+
+
+def test_netem_htb_red_chain_in_plan_order() -> None:
+    red = Red(limit_bytes=500_000, min_bytes=25_000, max_bytes=75_000, avpkt_bytes=1000, burst_packets=42,
+              probability=0.1, bandwidth_bit=20_000_000, ecn=True, adaptive=True)
+    cmds = chain_argv("to-client", [Netem(delay_ns=10_000_000, limit_packets=1000),
+                                    Htb(rate_bit=20_000_000, burst_bytes=2500), red])
+    assert cmds == [
+        ["tc", "qdisc", "add", "dev", "to-client", "root", "handle", "1:", "netem", "delay", "10000us",
+         "limit", "1000"],
+        ["tc", "qdisc", "add", "dev", "to-client", "parent", "1:1", "handle", "2:", "htb", "default", "1"],
+        ["tc", "class", "add", "dev", "to-client", "parent", "2:", "classid", "2:1", "htb", "rate",
+         "20000000bit", "ceil", "20000000bit", "burst", "2500", "cburst", "2500"],
+        ["tc", "qdisc", "add", "dev", "to-client", "parent", "2:1", "handle", "3:", "red", "limit", "500000",
+         "min", "25000", "max", "75000", "avpkt", "1000", "burst", "42", "probability", "0.1", "bandwidth",
+         "20000000bit", "ecn", "adaptive"]]
+
+
+def test_netem_jitter_distribution_and_loss() -> None:
+    (cmd,) = chain_argv("x", [Netem(delay_ns=5_000_000, jitter_ns=1_000_000, distribution="normal", loss=0.01,
+                                    limit_packets=2000)])
+    assert cmd[8:] == ["netem", "delay", "5000us", "1000us", "distribution", "normal", "loss", "1%", "limit", "2000"]
+
+
+@pytest.mark.parametrize(("stage", "params"), [
+    (FqCodel(), ["fq_codel", "ecn"]),
+    (FqCodel(limit_packets=1000, target_ns=5_000_000, interval_ns=100_000_000, ce_threshold_ns=1_000_000,
+             ecn=False), ["fq_codel", "limit", "1000", "target", "5000us", "interval", "100000us",
+                          "ce_threshold", "1000us", "noecn"]),
+    (Codel(target_ns=5_000_000, ecn=True), ["codel", "target", "5000us", "ecn"]),
+    (Pie(limit_packets=1000, ecn=True, bytemode=True), ["pie", "limit", "1000", "ecn", "bytemode"]),
+    (FqPie(ecn=False), ["fq_pie", "no_ecn"]),
+    (Cake(bandwidth_bit=20_000_000, flow_mode="flows", diffserv="besteffort"),
+     ["cake", "bandwidth", "20000000bit", "flows", "besteffort", "no-ack-filter"]),
+    (Cake(), ["cake", "unlimited", "no-ack-filter"]),
+    (DualPi2(step_thresh_ns=1_000_000, ecn_mask="l4s_ect", split_gso=True),
+     ["dualpi2", "step_thresh", "1000us", "l4s_ect", "split_gso"]),
+    (Fq(initial_quantum_bytes=50_000, maxrate_bit=50_000_000, pacing=False),
+     ["fq", "initial_quantum", "50000", "maxrate", "50000000bit", "nopacing"]),
+])
+def test_aqm_parameters(stage: object, params: list[str]) -> None:
+    (cmd,) = chain_argv("x", [stage])
+    assert cmd[:8] == ["tc", "qdisc", "add", "dev", "x", "root", "handle", "1:"] and cmd[8:] == params
+
+
+def test_aqms_are_leaves_and_mark_needs_its_own_tc() -> None:
+    with pytest.raises(ChainError, match="cannot have a child"):
+        chain_argv("x", [FqCodel(), Pfifo(limit_packets=10)])
+    with pytest.raises(ChainError, match="stock iproute2"):
+        chain_argv("x", [Mark(mode="step", min_ns=1_000_000, limit_packets=100)])
