@@ -45,6 +45,9 @@ def _pieces(name: str) -> set[str]:
 def arm_label(members: list[str], every: list[str]) -> str:
     """A readable glob that names exactly these arms among all (`reno-ramp-*`, `*-ls100*`, `dctcp-*-ls*`),
     else the list."""
+    if None in members:   # runs of an experiment without arms
+        rest = [m for m in members if m is not None]
+        return ", ".join(["no arm"] + ([arm_label(rest, every)] if rest else []))
     if len(members) == 1:
         return members[0]
     tokens = [m.split("-") for m in members]

@@ -28,7 +28,7 @@ from orchestrator.plan.quantities import PositiveSize, PositiveTime, Rate, Size,
 from orchestrator.plan.traffic import Traffic
 
 ModuleName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,55}$")]
-ParamKey = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
+ParamKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z][A-Za-z0-9_]{0,63}$")]  # dctcp_chirp_L
 SysctlName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]*(\.[A-Za-z0-9_-]+)+$")]
 # ethtool -K short names; an allow-list catches typos such as `tro` (EXPERIMENTS.md G-SYSCTL).
 OffloadName = Literal["tso", "gso", "gro", "lro", "sg", "tx", "rx", "tx-gso-partial",

@@ -144,3 +144,22 @@ kernels:
     assert any("app-limited writer" in p for p in problems)
     assert any("event ack_blackout at 1s" in p for p in problems)
     assert capability_problems(run, {r: caps("6.1.0-28-cloud-amd64") for r in ("sender", "aqm", "receiver")})
+
+
+def test_table_with_an_experiment_without_arms() -> None:
+    from orchestrator.plan.table import render, study_table
+    text = """name: mixed
+run:
+  duration: 10s
+  traffic: {src: server, dst: client, cc: reno, flows: 1}
+arms:
+  - {name: a-x, set: {traffic.cc: reno}}
+  - {name: b-y, set: {traffic.cc: cubic}}
+experiments:
+  - {name: e1, arms: []}
+  - {name: e2, set: {duration: 20s}}
+"""
+    header, rows, fixed = study_table(expand(load_plan_text(text, "mixed.yaml"), order="cells"))
+    assert header == ["parameter", "e1", "e2"]
+    assert ["cc [no arm, a-x]", "reno", "reno"] in rows and ["cc [b-y]", "–", "cubic"] in rows
+    assert "duration" in render(header, rows, fixed)

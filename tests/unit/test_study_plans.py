@@ -117,3 +117,39 @@ def test_lsaimd_plan_table_has_the_study_layout() -> None:
     assert rows["per_flow_window_segments"] == [f"{x:.6g}" for x in (round(x, 3) for x in w)]
     assert rows["submss"] == ["yes" if x < 2 else "no" for x in w]
     assert rows["runs"] == ["30"] * 4 + ["45"] * 8 and rows["arms"] == ["6"] * 4 + ["9"] * 8
+
+
+# cells per experiment (one repetition), from each study's matrix in EXPERIMENTS.md
+STUDY_MATRICES = {
+    "dctcp-flaws/dc.yaml": {"noise-floor": 1,            # G-AQMNOISE pre-campaign check
+                            "df-e1": 2 * 2, "df-e5": 1 * 2 + 2,   # variants x {derived, study's 1-MTU} htb burst
+                            "df-e11": 2},
+    "dctcp-flaws/prr-and-cubic.yaml": {"df-e2": 2, "df-e3": 2, "df-e4": 2, "df-e6": 1, "df-e7": 2},
+    "dctcp-flaws/latecomer.yaml": {"df-e8": 4 + 1, "df-e9": 8, "df-e10": 4},      # + vanilla baseline
+    "dctcp-flaws/ewma.yaml": {"df-e12": 2 + 1, "df-e13": 3, "df-e14": 2, "df-e15": 3},
+    "dctcp-flaws/est-vs-sojourn.yaml": {"df-e16": 6 * 2 * 7, "df-e17": 6 * 2 * 6,   # variants x metric x sweep
+                                        "df-e18": 3 * 2 * 6, "df-e19": 3 * 2 * 6},
+    "paced-chirping/chirping.yaml": {"pc-e1": 2, "pc-e2": 3 * 3 * 2, "pc-e3": 3 * 3 * 2, "pc-e4": 5, "pc-e5": 5,
+                                     "pc-e6": 6 * 2, "pc-e7": 2 * 2 * 2, "pc-e8": 2, "pc-e9": 6 * 3,
+                                     "pc-m1": 1, "pc-m2": 4},
+    "paced-chirping/timing.yaml": {"main": 2},
+    "thin-stream/thin-stream.yaml": {f"thin-f{k}": 2 for k in range(2, 8)},      # 2 Linux stacks (no FreeBSD)
+    "timer-cc/tbtcp.yaml": {"tb-b1": 2, "tb-b2": 2, "tb-b3": 2, "tb-e1": 1, "tb-e2": 3, "tb-e3": 4, "tb-e4": 1,
+                            "tb-e5": 1, "tb-e6": 2, "tb-e7": 3, "tb-e8": 2, "tb-e12": 2, "tb-e13": 2,
+                            "tb-e14": 2, "tb-e15": 2, "tb-e17": 1, "tb-e18": 1},
+    "timer-cc/timing.yaml": {"tb-e9": 2, "tb-e10": 1, "tb-e11": 1, "tb-e16": 2},
+}
+
+
+@pytest.mark.parametrize("name", list(STUDY_MATRICES))
+def test_study_plan_matrix_sizes(name: str) -> None:
+    runs = expand(load_plan(ROOT / "experiments" / name))
+    assert Counter(r.experiment for r in runs if r.repetition == 0) == STUDY_MATRICES[name]
+    # G-BASELINE: a plan that runs a patched kernel also runs a vanilla one
+    kernels = {(h.kernel.name, h.kernel.vanilla) for r in runs for h in r.hosts.values() if h.kernel}
+    assert not kernels or any(v for _, v in kernels)
+
+
+def test_every_study_has_a_plan() -> None:
+    folders = {p.parent.name for p in PLANS}
+    assert {"lsaimd", "dctcp-flaws", "paced-chirping", "timer-cc", "thin-stream"} <= folders
