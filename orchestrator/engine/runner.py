@@ -15,7 +15,7 @@ from pathlib import Path
 from sqlalchemy import Engine
 
 from orchestrator.agent_client import AgentClient, AgentError
-from orchestrator.engine import resolve, verify
+from orchestrator.engine import guards, resolve, verify
 from orchestrator.ingest.assemble import assemble, save_ingest_inputs, sender_ports
 from orchestrator.inventory import Inventory
 from orchestrator.plan.runspec import RunSpec
@@ -70,7 +70,8 @@ class Manager:
         await asyncio.gather(*(c.close() for c in self.clients.values()), return_exceptions=True)
 
     def preflight(self, specs: list[RunSpec]) -> None:
-        problems = sorted({p for s in specs for p in verify.capability_problems(s, self.caps)})
+        problems = sorted({p for s in specs for p in verify.capability_problems(s, self.caps)}
+                          | {f"{s.experiment}: {f}" for s in specs for f in guards.refusing(s)})
         if problems:
             raise PreflightRefused("plan refused before touching any host:\n  " + "\n  ".join(problems))
 
@@ -86,7 +87,7 @@ class Manager:
         (run_dir / "runspec.json").write_text(spec.model_dump_json(indent=2))
         states = resolve.host_states(spec, self.inv)
         evidence = [{"host": r, "phase": "hello", "data": self.hellos[r]} for r in states]
-        flags: list[str] = []
+        flags: list[str] = [f"accepted {f}" for f in guards.pre_run_findings(spec) if f.guard in spec.accept_guards]
         started, t0 = _now(), None
         artifacts: dict[str, list[dict]] = {}
         error = None
@@ -101,10 +102,13 @@ class Manager:
                 diffs += [f"{role}: {d}" for d in verify.readback_differences(states[role], rb)]
             if diffs:
                 raise RunFailed("read-back differs from the plan:\n  " + "\n  ".join(diffs))
+            offsets = {}
             for role, client in self.clients.items():
                 offset, rtt = await client.clock_offset_ns()
+                offsets[role] = offset
                 evidence.append({"host": role, "phase": "clock",
                                  "data": {"offset_ns": offset, "rtt_ns": rtt}})
+            flags += [str(f) for f in guards.clock_findings(offsets)]
             t0 = time.time_ns() + START_MARGIN_NS
             tl = resolve.timeline(spec, t0)
             tasks = resolve.schedule_tasks(spec, self.inv, tl)

@@ -206,6 +206,9 @@ def derived_values(t: RunTemplate) -> dict[str, Any]:
     if b is None or refs is None:
         return out
     rate, rtt, flows = refs.rate_bit, refs.rtt_ns, max(1, tcp_flow_count(t))
+    out["bottleneck_rate_bit"] = rate
+    if b.line_rate is not None:
+        out["line_rate_bit"] = b.line_rate.value
     out["htb_burst_bytes"] = b.burst.value if b.burst else htb_burst_bytes(rate, mtu)
     capacity = queue_capacity_bytes(b.queue, refs)
     if capacity is not None:
@@ -220,8 +223,13 @@ def derived_values(t: RunTemplate) -> dict[str, Any]:
             out["netem_limit_below_rule"] = out["netem_limit_packets"] < rule
     if isinstance(b.queue, RedQueue):
         out.update(_red_values(b.queue, refs, flows))
-    elif isinstance(b.queue, MarkQueue) and b.queue.mode == "step":
-        out["step_k_bytes"] = step_k_bytes(rate, b.queue.min.resolve(rtt, refs.target_ns), mtu)
+        if b.queue.ecn:   # marking, not dropping: the flows' queue tops out at the upper threshold
+            out["marking_queue_bytes"] = out["red_max_bytes"]
+    elif isinstance(b.queue, MarkQueue):
+        top = b.queue.max if b.queue.max is not None else b.queue.min
+        out["marking_queue_bytes"] = step_k_bytes(rate, top.resolve(rtt, refs.target_ns), mtu)
+        if b.queue.mode == "step":
+            out["step_k_bytes"] = out["marking_queue_bytes"]
     target = refs.target_ns or 0
     out["target_us"] = target / 1000
     if rtt is not None:

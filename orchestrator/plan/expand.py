@@ -82,7 +82,7 @@ def _run_specs(plan: Plan, r: Resolved, varied: dict[str, Path]) -> list[RunSpec
         derived=derived_values(t), duration_s=t.duration.seconds, hosts=host_plans(t, plan.roles, plan.kernels),
         flows=flow_specs(t), captures=capture_points(t), qdisc_stats=stats, qdisc_stats_interval_ms=interval,
         tcp_probe=t.tcp_probe, ack_policy=ack_policy_spec(t), events=event_specs(t),
-        analysis=analysis_spec(t))
+        analysis=analysis_spec(t), accept_guards=list(t.accept_guards))
     return [RunSpec(run_id=f"{stem}-r{rep}", repetition=rep, seed=run_seed(plan, r.key, rep), **common)
             for rep in range(r.cell.repetitions)]
 

@@ -111,6 +111,7 @@ class RunSpec(_Strict):
     ack_policy: AckPolicySpec | None = None
     events: list[EventSpec] = Field(default_factory=list)
     analysis: AnalysisSpec = AnalysisSpec()
+    accept_guards: list[str] = Field(default_factory=list, description="guards this run may trip (recorded)")
 
     @property
     def senders(self) -> list[str]:

@@ -34,6 +34,7 @@ SysctlName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]*(\.[A-Za
 OffloadName = Literal["tso", "gso", "gro", "lro", "sg", "tx", "rx", "tx-gso-partial",
                       "rx-gro-list", "rx-udp-gro-forwarding", "rxvlan", "txvlan", "ntuple", "rxhash"]
 ALL_HOSTS = "all"
+GuardId = Literal["G-NETEM", "G-HTB", "G-OFFLOAD", "G-SOCKBUF", "G-TSQ"]
 
 
 def _sysctl_value(v: object) -> str:
@@ -154,3 +155,6 @@ class RunTemplate(Strict):
     analysis: Analysis = _f(Analysis(), "analysis windows stored with the run (G-WINDOW)",
                             {"warmup": "2s", "bin": "10ms"})
     tcp_probe: bool = _f(True, "record the tcp:tcp_probe tracepoint on the senders", True)
+    accept_guards: list[GuardId] = _f(
+        [], "pitfall guards this run is meant to trip (the experiment studies the pitfall itself); they are "
+        "recorded as flags instead of refusing the run", ["G-NETEM"])
