@@ -27,7 +27,7 @@ def _narrow(dtype: np.dtype, names: Sequence[str]) -> np.dtype:
     return np.dtype([(n, dtype.fields[n][0]) for n in names])
 
 
-# Only what the metrics read: addresses as U45 would cost 360 bytes per packet.
+# Only what the metrics read (ports come from the run's `conn` rows, joined in).
 PACKET_FIELDS = ("ts_ns", "src_port", "dst_port", "seq", "payload_len", "ip_len")
 PACKET_DTYPE = _narrow(records.PACKET, PACKET_FIELDS)
 QDISC_FIELDS = ("ts_ns", "handle", "parent", "kind", "drops", "backlog_bytes", "qlen")
@@ -164,15 +164,21 @@ def load_flows(conn: Connection, run_id: str) -> list[FlowInfo]:
     return [FlowInfo(**row._mapping) for row in conn.execute(stmt)]
 
 
+def _run_key(conn: Connection, run_id: str) -> int | None:
+    return conn.execute(sa.select(T.run.c.run_key).where(T.run.c.run_id == run_id)).scalar()
+
+
 def load_packets(conn: Connection, run_id: str, point: str,
                  dst_ports: Sequence[int] | None = None) -> np.ndarray:
     """Data packets (payload > 0) of a run at one capture point, optionally to some ports, by time."""
-    p = T.packet
-    stmt = (sa.select(*(p.c[n] for n in PACKET_FIELDS))
-            .where(p.c.run_id == run_id, p.c.point == point, p.c.payload_len > 0)
+    p, c = T.packet, T.conn
+    key = _run_key(conn, run_id)
+    cols = [c.c[n] if n in ("src_port", "dst_port") else p.c[n] for n in PACKET_FIELDS]
+    stmt = (sa.select(*cols).select_from(p.join(c, sa.and_(c.c.run_key == p.c.run_key, c.c.conn_id == p.c.conn_id)))
+            .where(p.c.run_key == key, c.c.point == point, p.c.payload_len > 0)
             .order_by(p.c.ts_ns))
     if dst_ports is not None:
-        stmt = stmt.where(p.c.dst_port.in_(list(dst_ports)))
+        stmt = stmt.where(c.c.dst_port.in_(list(dst_ports)))
     return _to_array(conn, stmt, PACKET_DTYPE)
 
 
@@ -205,7 +211,7 @@ def load_bottleneck_qdisc(conn: Connection, run_id: str,
                           link: LinkRef | None) -> tuple[str | None, np.ndarray]:
     """(handle, time-ordered samples) of the bottleneck's root qdisc; (None, empty) if none stored."""
     q = T.qdisc_sample
-    where = [q.c.run_id == run_id]
+    where = [q.c.run_key == _run_key(conn, run_id)]
     pairs = conn.execute(sa.select(q.c.host, q.c.interface).where(*where).distinct()).all()
     if not pairs:
         return None, np.empty(0, QDISC_DTYPE)
@@ -222,7 +228,8 @@ def load_bottleneck_qdisc(conn: Connection, run_id: str,
 def load_probe(conn: Connection, run_id: str, dports: Sequence[int] | None = None) -> np.ndarray:
     """tcp_probe events of a run, optionally only those whose remote port is a receiver's port."""
     t = T.tcp_probe
-    stmt = sa.select(*(t.c[n] for n in PROBE_FIELDS)).where(t.c.run_id == run_id).order_by(t.c.ts_ns)
+    stmt = (sa.select(*(t.c[n] for n in PROBE_FIELDS)).where(t.c.run_key == _run_key(conn, run_id))
+            .order_by(t.c.ts_ns))
     if dports is not None:
         stmt = stmt.where(t.c.dport.in_(list(dports)))
     return _to_array(conn, stmt, PROBE_DTYPE)

@@ -1,7 +1,11 @@
 """Turn one run's collected artifacts (results/<run-id>/<host>/...) into a RunIngest for the DB.
 
 Pure apart from reading the files: parsers produce numpy arrays (records.py layouts); this module
-only routes each artifact to its parser and labels rows with host / capture point / flow.
+routes each artifact to its parser and labels rows with host / capture point / flow. Captures are not
+read here but handed over as streaming PcapReaders (the writer reads them chunk by chunk), except for
+the per-packet queue delay: where a host captured both toward a flow's sender and toward its
+receiver (the aqm), the data direction of both captures is read (narrow columns) and paired
+(orchestrator/ingest/qdelay.py).
 """
 from __future__ import annotations
 
@@ -9,14 +13,16 @@ import csv
 import datetime as dt
 import io
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from orchestrator.ingest import records
+from orchestrator.ingest import addr, qdelay, records
+from orchestrator.ingest.conns import ConnRegistry
 from orchestrator.ingest.iperf3 import parse_iperf3
-from orchestrator.ingest.pcap import read_pcap
+from orchestrator.ingest.pcap import PcapReader
 from orchestrator.ingest.tcp_probe import parse_tcp_probe
 from orchestrator.plan.runspec import RunSpec
 from orchestrator.storage.ingest import RunIngest
@@ -35,11 +41,73 @@ def trace_offset_ns(meta: dict[str, Any]) -> int:
     return (int(meta["offset_start_ns"]) + int(meta["offset_end_ns"])) // 2
 
 
+# Narrow columns of the data direction, for pairing (addresses are fixed by the direction).
+_QKEY = np.dtype([(n, records.PACKET.fields[n][0]) for n in
+                  ("ts_ns", "proto", "ipv", "src_port", "dst_port", "seq", "ip_id", "payload_len", "tsval", "ecn")]
+                 + [("conn_id", "i4")])
+CAPTURE_COUNTS = ("captured", "received_by_filter", "dropped_by_kernel")
+
+
+@dataclass(frozen=True)
+class _Capture:
+    point_id: int
+    label: str
+    host: str
+    interface: str
+    path: Path
+
+
+def _direction_rows(cap: _Capture, src: np.void, dst: np.void, conns: ConnRegistry) -> np.ndarray:
+    parts = []
+    for chunk in PcapReader(cap.path, cap.point_id):
+        ids = conns.ids(chunk)
+        m = qdelay.direction(chunk, src, dst)
+        part = np.empty(int(m.sum()), _QKEY)
+        for n in _QKEY.names[:-1]:
+            part[n] = chunk[n][m]
+        part["conn_id"] = ids[m]
+        parts.append(part)
+    return np.concatenate(parts) if parts else np.empty(0, _QKEY)
+
+
+def netem_delay_ns(spec: RunSpec, host: str, toward: str) -> int:
+    """Constant netem delay on a host's interface toward a role (0 without netem)."""
+    plan = spec.hosts.get(host)
+    stages = plan.qdiscs.get(toward, []) if plan is not None else []
+    return sum(int(getattr(s, "delay_ns", 0)) for s in stages if getattr(s, "kind", "") == "netem")
+
+
+def paired_qdelay(spec: RunSpec, flow_rows: list[dict], captures: list[_Capture],
+                  conns: ConnRegistry) -> tuple[list[tuple[str, np.ndarray]], list[dict]]:
+    """QDELAY arrays and qdelay_pair rows for every host that captured toward both ends of a flow."""
+    by_point = {c.label: c for c in captures}
+    out, pairs = [], []
+    directions = sorted({(f.src, f.dst) for f in spec.flows})
+    addrs = {(r["src_host"], r["dst_host"]): (r["src_addr"], r["dst_addr"]) for r in flow_rows}
+    for src, dst in directions:
+        if (src, dst) not in addrs:
+            continue
+        for host in sorted({c.link.host for c in spec.captures} - {src, dst}):
+            ing, egr = by_point.get(f"{host}:to-{src}"), by_point.get(f"{host}:to-{dst}")
+            if ing is None or egr is None:
+                continue
+            s_addr, d_addr = (addr.packed(a) for a in addrs[(src, dst)])
+            rows_in = _direction_rows(ing, s_addr, d_addr, conns)
+            rows_out = _direction_rows(egr, s_addr, d_addr, conns)
+            result = qdelay.pair(rows_in, rows_out, conn_in=rows_in["conn_id"],
+                                 netem_ns=netem_delay_ns(spec, host, dst))
+            out.append((ing.label, result.rows))
+            pairs.append(result.summary(ing.label, egr.label))
+    return out, pairs
+
+
 def assemble(spec: RunSpec, run_row: dict, plan_row: dict | None, run_dir: Path,
              artifacts: dict[str, list[dict]], evidence: list[dict], flow_rows: list[dict],
              point_names: dict[tuple[str, str], str]) -> RunIngest:
     """artifacts: host -> list of ArtifactInfo dicts as the agents announced them."""
-    packets, probes, qdisc, iperf, art_rows = [], [], [], [], []
+    probes, qdisc, iperf, art_rows = [], [], [], []
+    captures: list[_Capture] = []
+    extra: dict[str, dict] = {}
     port_to_flow = {f.port: f.flow_id for f in spec.flows}
     for host, infos in artifacts.items():
         for info in infos:
@@ -49,8 +117,10 @@ def assemble(spec: RunSpec, run_row: dict, plan_row: dict | None, run_dir: Path,
                              "meta": info.get("meta", {})})
             kind, meta = info["kind"], info.get("meta", {})
             if kind == "pcap":
-                point = point_names.get((host, meta.get("interface", "")), f"{host}:{meta.get('interface')}")
-                packets.append((point, read_pcap(path)))
+                iface = meta.get("interface", "")
+                point = point_names.get((host, iface), f"{host}:{iface}")
+                captures.append(_Capture(len(captures), point, host, iface, path))
+                extra[point] = {"host": host, "interface": iface, **{k: meta.get(k) for k in CAPTURE_COUNTS}}
             elif kind == "tcp_probe":
                 probes.append((host, parse_tcp_probe(path.read_text(), trace_offset_ns(meta))))
             elif kind == "qdisc_stats":
@@ -60,8 +130,12 @@ def assemble(spec: RunSpec, run_row: dict, plan_row: dict | None, run_dir: Path,
                 result = parse_iperf3(path.read_text())
                 port = int(info["name"].removeprefix("iperf3-client-").removesuffix(".json"))
                 iperf.append((port_to_flow[port], result.intervals))
+    conns = ConnRegistry()
+    qd, pairs = paired_qdelay(spec, flow_rows, captures, conns)
+    packets = [(c.label, PcapReader(c.path, c.point_id)) for c in captures]
     return RunIngest(run=run_row, plan=plan_row, flows=flow_rows, artifacts=art_rows, evidence=evidence,
-                     packets=packets, tcp_probe=probes, qdisc_samples=qdisc, iperf_intervals=iperf)
+                     packets=packets, capture_points=extra, conns=conns, qdelay=qd, qdelay_pairs=pairs,
+                     tcp_probe=probes, qdisc_samples=qdisc, iperf_intervals=iperf)
 
 
 def sender_ports(run_dir: Path, spec: RunSpec) -> dict[int, int | None]:

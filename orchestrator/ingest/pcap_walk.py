@@ -106,6 +106,7 @@ class PcapngWalk:
     types: np.ndarray    # uint32
     swapped: np.ndarray  # bool
     end: int
+    swap_end: bool = False  # byte order in force at `end` (pass it back in to resume the walk)
 
 
 def _cache_dir() -> Path:
@@ -189,13 +190,15 @@ def _walk_pcap_py(buf: np.ndarray, start: int, big_endian: bool) -> PcapWalk:
     return PcapWalk(np.asarray(out, dtype=np.int64), p)
 
 
-def walk_pcapng(buf: np.ndarray, start: int = 0) -> PcapngWalk:
-    """Offset, type and byte order of every pcapng block in `buf` (uint8) from `start` on."""
+def walk_pcapng(buf: np.ndarray, start: int = 0, swapped: bool = False) -> PcapngWalk:
+    """Offset, type and byte order of every pcapng block in `buf` (uint8) from `start` on.
+
+    `swapped`: the byte order in force at `start` (the section's), when resuming mid-file."""
     lib = _load_c()
     if lib is None:
-        return _walk_pcapng_py(buf, start)
+        return _walk_pcapng_py(buf, start, swapped)
     pos = ctypes.c_int64(start)
-    swap = ctypes.c_int32(0)
+    swap = ctypes.c_int32(int(swapped))
     offs: list[np.ndarray] = []
     types: list[np.ndarray] = []
     swaps: list[np.ndarray] = []
@@ -211,15 +214,15 @@ def walk_pcapng(buf: np.ndarray, start: int = 0) -> PcapngWalk:
         if n < CHUNK:
             break
     return PcapngWalk(np.concatenate(offs), np.concatenate(types),
-                      np.concatenate(swaps).astype(bool), pos.value)
+                      np.concatenate(swaps).astype(bool), pos.value, bool(swap.value))
 
 
-def _walk_pcapng_py(buf: np.ndarray, start: int) -> PcapngWalk:
+def _walk_pcapng_py(buf: np.ndarray, start: int, swapped: bool = False) -> PcapngWalk:
     data = memoryview(buf)
     size = buf.size
     native = "<" if sys.byteorder == "little" else ">"
     other = ">" if native == "<" else "<"
-    order = native
+    order = other if swapped else native
     offs, types, swaps = [], [], []
     p = start
     while p + 12 <= size:
@@ -240,4 +243,4 @@ def _walk_pcapng_py(buf: np.ndarray, start: int) -> PcapngWalk:
         swaps.append(order != native)
         p += total
     return PcapngWalk(np.asarray(offs, dtype=np.int64), np.asarray(types, dtype=np.uint32),
-                      np.asarray(swaps, dtype=bool), p)
+                      np.asarray(swaps, dtype=bool), p, order != native)

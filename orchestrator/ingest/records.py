@@ -1,21 +1,48 @@
 """Column layouts (numpy dtypes) of parsed artifacts: what parsers emit and DB writers load.
 
 Arrays, not per-row objects, cross the parser -> writer boundary so that millions of packets never
-become Python objects. Field names equal the DB column names in orchestrator/storage/tables.py.
+become Python objects. Field names equal DB column names in orchestrator/storage/tables.py, except
+for PACKET's endpoint fields (proto, ipv, addresses, ports, point), which the writer moves into the
+per-run `conn` table (one row per direction of a 5-tuple at a capture point; see docs/ingest.md).
 """
 from __future__ import annotations
 
 import numpy as np
 
+# 100 bytes per packet. Addresses are raw bytes, IPv4 in the first 4 of the 16 (rest zero), IPv6 all
+# 16; `ipv` says which. orchestrator/ingest/addr.py formats them (once per distinct address).
 PACKET = np.dtype([
     ("ts_ns", "i8"),
-    ("src_addr", "U45"), ("dst_addr", "U45"),
+    ("src_addr", "V16"), ("dst_addr", "V16"),
+    ("seq", "i8"), ("ack", "i8"),          # TCP, unsigned 32-bit values; 0 for UDP
+    ("tsval", "i8"), ("tsecr", "i8"),      # TCP timestamp option; -1 when absent (and for UDP)
     ("src_port", "i4"), ("dst_port", "i4"),
-    ("seq", "i8"), ("ack", "i8"),
     ("payload_len", "i4"), ("ip_len", "i4"),
-    ("tcp_flags", "i2"), ("ecn", "i2"),
-    ("ip_id", "i4"),
-    ("tsval", "i8"), ("tsecr", "i8"),   # -1 when the packet carries no timestamp option
+    ("ip_id", "i4"),                       # IPv4 identification; 0 for IPv6
+    ("tcp_flags", "i2"),                   # NS CWR ECE URG ACK PSH RST SYN FIN; 0 for UDP
+    ("ecn", "i2"),                         # IP ECN codepoint: 0 not-ECT, 1 ECT(1), 2 ECT(0), 3 CE
+    ("point", "i2"),                       # capture point id within the run (reader argument)
+    ("proto", "u1"),                       # 6 TCP, 17 UDP
+    ("ipv", "u1"),                         # 4 or 6
+])
+
+PROTO_TCP, PROTO_UDP = 6, 17
+
+# Columns of the `packet` table taken from a PACKET array (the writer adds run_key and conn_id).
+PACKET_VALUE_FIELDS = ("ts_ns", "seq", "ack", "payload_len", "ip_len", "tcp_flags", "ecn", "ip_id",
+                       "tsval", "tsecr")
+# What identifies a conn: one direction of a 5-tuple at one capture point.
+CONN_FIELDS = ("point", "proto", "ipv", "src_addr", "dst_addr", "src_port", "dst_port")
+
+# Per-packet queue delay from paired captures (orchestrator/ingest/qdelay.py), one row per packet
+# seen at the aqm ingress. ts_out_ns and sojourn_ns are meaningful only where dropped == 0.
+QDELAY = np.dtype([
+    ("conn_id", "i4"),                     # the ingress conn (see CONN_FIELDS)
+    ("ts_in_ns", "i8"), ("ts_out_ns", "i8"),
+    ("sojourn_ns", "i8"),                  # t_out - t_in - d_fwd - netem delay on the path
+    ("payload_len", "i4"),
+    ("ce", "i2"),                          # 1: CE at egress, not CE at ingress (marked by the AQM)
+    ("dropped", "i2"),                     # 1: never seen at egress
 ])
 
 TCP_PROBE = np.dtype([

@@ -1,30 +1,32 @@
 """Writing one run into the result database: validation, replace-on-reingest, bulk loading.
 
 Owns RunIngest (everything the DB holds about a run, with per-packet data as numpy arrays of the
-orchestrator/ingest/records.py dtypes) and the one-transaction write of it. Bulk rows go to the
-database straight from the arrays (tuples built column-wise, never a dict per row): PostgreSQL gets a
-binary COPY through the very connection and transaction SQLAlchemy holds, SQLite an executemany.
+orchestrator/ingest/records.py dtypes, or as re-iterable sources of such arrays, e.g. a PcapReader,
+streamed chunk by chunk) and the one-transaction write of it. Each write gives the run a fresh
+integer run_key; per-packet rows go to PostgreSQL by binary COPY into new per-run partitions that are
+attached (and indexed) at the end, and the previous ingest's partitions are dropped in the same
+transaction, so a failure anywhere leaves the database as it was (orchestrator/storage/bulk.py).
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from itertools import repeat
 from typing import Any
 
 import numpy as np
 import psycopg
-from sqlalchemy import Connection, Engine, Table, exc, select, types
+from sqlalchemy import Connection, Engine, Table, exc, select, text
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from orchestrator.ingest import records
-from orchestrator.storage import tables
+from orchestrator.ingest.conns import ConnRegistry
+from orchestrator.storage import bulk, tables
 from orchestrator.storage.db import SQLITE_BEGIN_OPTION
 
 RUN_STATUSES = ("complete", "failed")
-BATCH_ROWS = 50_000  # rows turned into Python tuples at a time: bounds memory for multi-million captures
+PacketSource = np.ndarray | Iterable[np.ndarray]
 
 
 class IngestError(Exception):
@@ -42,14 +44,24 @@ class IngestError(Exception):
 
 @dataclass(frozen=True)
 class RunIngest:
-    """One run as the DB stores it. Child rows may omit run_id; it is taken from `run`."""
+    """One run as the DB stores it. Child rows may omit run_id; it is taken from `run`.
+
+    packets: (capture point label, PACKET array or re-iterable of PACKET chunks); the list index is
+    the point id (written into each chunk's `point` field). conns: the registry qdelay's conn ids come
+    from, filled further by the writer. capture_points: extra capture_point columns per point label
+    (host, interface, tcpdump counts); the reader counts come from the source's `stats` if it has them.
+    """
 
     run: dict[str, Any]
     plan: dict[str, Any] | None = None
     flows: list[dict[str, Any]] = field(default_factory=list)
     artifacts: list[dict[str, Any]] = field(default_factory=list)
     evidence: list[dict[str, Any]] = field(default_factory=list)          # host, phase, data
-    packets: list[tuple[str, np.ndarray]] = field(default_factory=list)   # (capture point, PACKET)
+    packets: list[tuple[str, PacketSource]] = field(default_factory=list)
+    capture_points: dict[str, dict[str, Any]] = field(default_factory=dict)
+    conns: ConnRegistry | None = None
+    qdelay: list[tuple[str, np.ndarray]] = field(default_factory=list)    # (ingress point, QDELAY)
+    qdelay_pairs: list[dict[str, Any]] = field(default_factory=list)      # qdelay_pair rows
     tcp_probe: list[tuple[str, np.ndarray]] = field(default_factory=list)  # (host, TCP_PROBE)
     qdisc_samples: list[tuple[str, str, np.ndarray]] = field(default_factory=list)  # (host, iface, ..)
     iperf_intervals: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (flow_id, ..)
@@ -64,7 +76,11 @@ class IngestCounts:
     flow: int = 0
     artifact: int = 0
     host_evidence: int = 0
+    capture_point: int = 0
+    conn: int = 0
     packet: int = 0
+    qdelay: int = 0
+    qdelay_pair: int = 0
     tcp_probe: int = 0
     qdisc_sample: int = 0
     iperf_interval: int = 0
@@ -83,31 +99,37 @@ class BulkLayout:
 
     attr: str                 # RunIngest field name
     table: Table
-    keys: tuple[str, ...]     # table columns filled from the tuple's leading items (after run_id)
+    keys: tuple[str, ...]     # table columns filled from the tuple's leading items
     dtype: np.dtype
+    labels: tuple[str, ...] = ()  # leading tuple items that are not columns (before the keys)
 
     @property
     def columns(self) -> tuple[str, ...]:
-        return ("run_id", *self.keys, *self.dtype.names)
+        key = "run_id" if "run_id" in self.table.c else "run_key"
+        return (key, *self.keys, *self.dtype.names)
 
 
 BULK_LAYOUTS = (
-    BulkLayout("packets", tables.packet, ("point",), records.PACKET),
+    BulkLayout("qdelay", tables.qdelay, (), records.QDELAY, labels=("ingress point",)),
     BulkLayout("tcp_probe", tables.tcp_probe, ("host",), records.TCP_PROBE),
     BulkLayout("qdisc_samples", tables.qdisc_sample, ("host", "interface"), records.QDISC_SAMPLE),
     BulkLayout("iperf_intervals", tables.iperf_interval, ("flow_id",), records.IPERF_INTERVAL),
 )
 
-_CHILD_TABLES = (("flows", tables.flow), ("artifacts", tables.artifact), ("evidence", tables.host_evidence))
-# Children before parents, so the deletes never depend on ON DELETE CASCADE being enabled.
-_DELETE_ORDER = (*tables.PER_RUN_BULK_TABLES, tables.host_evidence, tables.artifact, tables.flow, tables.run)
+_CHILD_TABLES = (("flows", tables.flow), ("artifacts", tables.artifact), ("evidence", tables.host_evidence),
+                 ("qdelay_pairs", tables.qdelay_pair))
+_BY_RUN_ID = (tables.iperf_interval, tables.qdelay_pair, tables.capture_point, tables.host_evidence,
+              tables.artifact, tables.flow)
+
+
+_ASSIGNED = {"run": {"run_key"}}  # columns write_run fills in itself
 
 
 # --- validation (pure) -------------------------------------------------------------------------------
 
 def _required(table: Table) -> set[str]:
     return {c.name for c in table.columns
-            if not c.nullable and c.default is None and c.server_default is None}
+            if not c.nullable and c.default is None and c.server_default is None} - _ASSIGNED.get(table.name, set())
 
 
 def _check_row(where: str, row: dict[str, Any], table: Table, run_id: str | None = None) -> None:
@@ -136,11 +158,22 @@ def validate(ingest: RunIngest) -> None:
     for attr, table in _CHILD_TABLES:
         for i, row in enumerate(getattr(ingest, attr)):
             _check_row(f"{attr}[{i}]", row, table, run_id)
+    for i, item in enumerate(ingest.packets):
+        if not isinstance(item, tuple) or len(item) != 2 or not isinstance(item[0], str):
+            raise IngestError(f"packets[{i}]", "expected a tuple (capture point, packets)")
+        src = item[1]
+        if isinstance(src, np.ndarray):
+            if src.ndim != 1 or src.dtype != records.PACKET:
+                raise IngestError(f"packets[{i}]", f"expected a 1-d records.PACKET array, got {src.dtype}")
+        elif not isinstance(src, Iterable):
+            raise IngestError(f"packets[{i}]", "expected a records.PACKET array or an iterable of them")
+    if ingest.qdelay and ingest.conns is None:
+        raise IngestError("qdelay", "qdelay rows name conn ids: the RunIngest needs the conns registry")
     for layout in BULK_LAYOUTS:
         for i, item in enumerate(getattr(ingest, layout.attr)):
             where = f"{layout.attr}[{i}]"
-            if not isinstance(item, tuple) or len(item) != len(layout.keys) + 1:
-                raise IngestError(where, f"expected a tuple ({', '.join(layout.keys)}, array)")
+            if not isinstance(item, tuple) or len(item) != len(layout.labels) + len(layout.keys) + 1:
+                raise IngestError(where, f"expected a tuple ({', '.join(layout.labels + layout.keys)}, array)")
             arr = item[-1]
             if not isinstance(arr, np.ndarray) or arr.ndim != 1:
                 raise IngestError(where, "expected a one-dimensional numpy array")
@@ -149,65 +182,56 @@ def validate(ingest: RunIngest) -> None:
                                   f"dtype {layout.dtype}")
 
 
-# --- row production (pure) ---------------------------------------------------------------------------
+# --- batches (pure) ----------------------------------------------------------------------------------
 
-def bulk_rows(prefix: Sequence[Any], arr: np.ndarray, batch: int = BATCH_ROWS) -> Iterator[list[tuple]]:
-    """Batches of row tuples (prefix..., record fields...) built column-wise from a structured array."""
-    names = arr.dtype.names
-    for start in range(0, len(arr), batch):
-        chunk = arr[start:start + batch]
-        # tolist() per column yields native ints/floats/strs in C; zip assembles the row tuples.
-        columns = [chunk[n].tolist() for n in names]
-        yield list(zip(*(repeat(p, len(chunk)) for p in prefix), *columns, strict=True))
-
-
-def _items(ingest: RunIngest, layout: BulkLayout) -> Iterable[tuple[tuple[Any, ...], np.ndarray]]:
-    run_id = ingest.run["run_id"]
+def _array_batches(ingest: RunIngest, layout: BulkLayout, run_key: int) -> Iterator[bulk.Batch]:
     for item in getattr(ingest, layout.attr):
-        yield (run_id, *item[:-1]), item[-1]
+        arr = item[-1]
+        data: dict[str, Any] = {"run_id": ingest.run["run_id"], "run_key": run_key}
+        data.update(zip(layout.keys, item[len(layout.labels):-1], strict=True))
+        data.update({n: arr[n] for n in layout.dtype.names})
+        nulls = {}
+        if layout.table is tables.qdelay:
+            nulls = {"ts_out_ns": arr["dropped"] != 0, "sojourn_ns": arr["dropped"] != 0}
+        yield data, nulls
+
+
+def _chunks(src: PacketSource) -> Iterator[np.ndarray]:
+    if isinstance(src, np.ndarray):
+        yield src
+    else:
+        yield from src
+
+
+class _Packets:
+    """Packet batches of every capture point; afterwards the capture_point rows (reader counts)."""
+
+    def __init__(self, ingest: RunIngest, conns: ConnRegistry, run_key: int) -> None:
+        self.ingest, self.conns, self.run_key = ingest, conns, run_key
+        self.points: list[dict[str, Any]] = []
+
+    def __iter__(self) -> Iterator[bulk.Batch]:
+        for point_id, (label, src) in enumerate(self.ingest.packets):
+            counts = np.zeros(2, dtype=np.int64)
+            for chunk in _chunks(src):
+                chunk["point"] = point_id
+                data: dict[str, Any] = {"run_key": self.run_key, "conn_id": self.conns.ids(chunk)}
+                data.update({n: chunk[n] for n in records.PACKET_VALUE_FIELDS})
+                counts += (np.count_nonzero(chunk["proto"] == records.PROTO_TCP),
+                           np.count_nonzero(chunk["proto"] == records.PROTO_UDP))
+                yield data, {}
+            stats = getattr(src, "stats", None)
+            row = {"point_id": point_id, "point": label, "tcp": int(counts[0]), "udp": int(counts[1]),
+                   "records": int(counts.sum()), "other": 0, "truncated": 0, "trailing_bytes": 0}
+            if stats is not None:
+                row.update({k: getattr(stats, k) for k in ("records", "tcp", "udp", "other", "truncated",
+                                                            "trailing_bytes")})
+            extra = self.ingest.capture_points.get(label, {})
+            row.update({k: v for k, v in extra.items() if k in tables.capture_point.c and k != "run_id"})
+            self.points.append(_full_row(tables.capture_point, row, self.ingest.run["run_id"]))
 
 
 # --- writers (effects) -------------------------------------------------------------------------------
-
-_PG_TYPES = {types.SmallInteger: "int2", types.BigInteger: "int8", types.Integer: "int4",
-             types.Float: "float8", types.String: "text"}
-
-
-def _pg_type(column_type: types.TypeEngine) -> str:
-    for cls, name in _PG_TYPES.items():  # subclasses first: BigInteger is an Integer
-        if isinstance(column_type, cls):
-            return name
-    raise TypeError(f"no COPY type for {column_type!r}")
-
-
-def _copy_bulk(conn: Connection, ingest: RunIngest, layout: BulkLayout) -> int:
-    """Binary COPY of all arrays of one layout, inside the SQLAlchemy connection's transaction."""
-    columns = layout.columns
-    pg_types = [_pg_type(layout.table.c[c].type) for c in columns]
-    driver = conn.connection.driver_connection
-    sql = f"COPY {layout.table.name} ({', '.join(columns)}) FROM STDIN (FORMAT BINARY)"
-    with driver.cursor() as cur:
-        with cur.copy(sql) as copy:
-            copy.set_types(pg_types)
-            for prefix, arr in _items(ingest, layout):
-                for rows in bulk_rows(prefix, arr):
-                    for row in rows:
-                        copy.write_row(row)
-        return max(cur.rowcount, 0)
-
-
-def _insert_bulk(conn: Connection, ingest: RunIngest, layout: BulkLayout) -> int:
-    """executemany of row tuples (SQLite; its driver uses qmark placeholders)."""
-    columns = layout.columns
-    marks = ", ".join("?" for _ in columns)
-    sql = f"INSERT INTO {layout.table.name} ({', '.join(columns)}) VALUES ({marks})"
-    n = 0
-    for prefix, arr in _items(ingest, layout):
-        for rows in bulk_rows(prefix, arr):
-            conn.exec_driver_sql(sql, rows)
-            n += len(rows)
-    return n
-
 
 def _upsert_plan(conn: Connection, plan_row: dict[str, Any]) -> None:
     """Insert the plan, or refresh name/path/text of a known one; created_at stays the first-seen."""
@@ -221,10 +245,29 @@ def _upsert_plan(conn: Connection, plan_row: dict[str, Any]) -> None:
     conn.execute(stmt)
 
 
-def _delete(conn: Connection, run_id: str) -> dict[str, int]:
-    counts = {}
-    for table in _DELETE_ORDER:
-        counts[table.name] = conn.execute(table.delete().where(table.c.run_id == run_id)).rowcount
+def _old_key(conn: Connection, run_id: str) -> int | None:
+    return conn.execute(select(tables.run.c.run_key).where(tables.run.c.run_id == run_id)).scalar()
+
+
+def _new_key(conn: Connection) -> int:
+    if conn.dialect.name == "postgresql":
+        return int(conn.execute(text("SELECT nextval('run_key_seq')")).scalar_one())
+    return int(conn.execute(text("SELECT coalesce(max(run_key), 0) + 1 FROM run")).scalar_one())
+
+
+def _delete(conn: Connection, run_id: str, key: int | None, keep_partitions: bool = False) -> dict[str, int]:
+    """Remove a run's rows, children before parents (no reliance on ON DELETE CASCADE). On PostgreSQL
+    the per-packet partitions are dropped here unless keep_partitions (write_run drops them last)."""
+    counts = {t.name: conn.execute(t.delete().where(t.c.run_id == run_id)).rowcount for t in _BY_RUN_ID}
+    if key is not None:
+        counts["conn"] = conn.execute(tables.conn.delete().where(tables.conn.c.run_key == key)).rowcount
+        if conn.dialect.name == "postgresql":
+            if not keep_partitions:
+                counts.update(bulk.drop_partitions(conn, key))
+        else:
+            for table in tables.PARTITIONED_TABLES:
+                counts[table.name] = conn.execute(table.delete().where(table.c.run_key == key)).rowcount
+    counts["run"] = conn.execute(tables.run.delete().where(tables.run.c.run_id == run_id)).rowcount
     return counts
 
 
@@ -258,14 +301,19 @@ def write_run(engine: Engine, ingest: RunIngest) -> IngestCounts:
     run_id = ingest.run["run_id"]
     counts: dict[str, int] = {}
     with _writer(engine).begin() as conn:
+        if conn.dialect.name not in ("postgresql", "sqlite"):
+            raise NotImplementedError(f"bulk load on {conn.dialect.name}")
+        pg = conn.dialect.name == "postgresql"
         with _step(f"run {run_id!r}: deleting the earlier ingest"):
-            _delete(conn, run_id)
+            old = _old_key(conn, run_id)
+            _delete(conn, run_id, old, keep_partitions=True)
+            key = _new_key(conn)
         if ingest.plan is not None:
             with _step("plan"):
                 _upsert_plan(conn, ingest.plan)
             counts["plan"] = 1
         with _step("run"):
-            conn.execute(tables.run.insert(), ingest.run)
+            conn.execute(tables.run.insert(), {**ingest.run, "run_key": key})
         counts["run"] = 1
         for attr, table in _CHILD_TABLES:
             rows = [_full_row(table, row, run_id) for row in getattr(ingest, attr)]
@@ -273,19 +321,39 @@ def write_run(engine: Engine, ingest: RunIngest) -> IngestCounts:
                 with _step(attr):
                     conn.execute(table.insert(), rows)
             counts[table.name] = len(rows)
-        if conn.dialect.name not in ("postgresql", "sqlite"):
-            raise NotImplementedError(f"bulk load on {conn.dialect.name}")
-        bulk = _copy_bulk if conn.dialect.name == "postgresql" else _insert_bulk
+        conns = ingest.conns if ingest.conns is not None else ConnRegistry()
+        attach: list[Table] = []
+        packets = _Packets(ingest, conns, key)
+        with _step("packets"):
+            loaded = bulk.load(conn, tables.packet, packets, key)
+        counts["packet"] = loaded.rows
+        attach += [tables.packet] if loaded.partition else []
         for layout in BULK_LAYOUTS:
             with _step(layout.attr):
-                counts[layout.table.name] = bulk(conn, ingest, layout)
+                loaded = bulk.load(conn, layout.table, _array_batches(ingest, layout, key), key)
+            counts[layout.table.name] = loaded.rows
+            attach += [layout.table] if loaded.partition else []
+        with _step("conns"):
+            conn_rows = [{**r, "run_key": key} for r in conns.rows([p for p, _ in ingest.packets])]
+            if conn_rows:
+                conn.execute(tables.conn.insert(), conn_rows)
+            if packets.points:
+                conn.execute(tables.capture_point.insert(), packets.points)
+        counts["conn"], counts["capture_point"] = len(conn_rows), len(packets.points)
+        if pg:
+            with _step("partitions"):
+                if old is not None:
+                    bulk.drop_partitions(conn, old, count=False)
+                for table in attach:
+                    bulk.attach(conn, table, key)
     return IngestCounts(**counts)
 
 
 def delete_run(engine: Engine, run_id: str) -> IngestCounts:
     """Remove a run and all its rows in every table; returns the rows removed per table."""
     with _writer(engine).begin() as conn:
-        return IngestCounts(**_delete(conn, run_id))
+        counts = _delete(conn, run_id, _old_key(conn, run_id))
+    return IngestCounts(**{k: v for k, v in counts.items() if k in IngestCounts.__dataclass_fields__})
 
 
 def completed_run_ids(engine: Engine, plan_sha256: str) -> set[str]:

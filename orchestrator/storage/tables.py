@@ -1,8 +1,12 @@
 """The result database schema (SQLAlchemy Core), one definition for SQLite and PostgreSQL.
 
-Alembic migrations under orchestrator/storage/migrations create exactly these tables. Per-packet
-tables (packet, tcp_probe, qdisc_sample, iperf_interval) carry run_id and are replaced as a whole when
-a run is re-ingested; their column names equal the fields of orchestrator/ingest/records.py.
+Alembic migrations under orchestrator/storage/migrations create exactly these tables. The per-packet
+tables (PARTITIONED_TABLES: packet, qdelay, tcp_probe, qdisc_sample) carry the run's integer
+`run_key` instead of its text id; on PostgreSQL they are LIST-partitioned by run_key (one partition
+per run, in schema PARTITION_SCHEMA, created at ingest and dropped on re-ingest; the migration adds
+PARTITION BY, which SQLAlchemy metadata cannot express), on SQLite they are plain tables. Packets
+refer to `conn` (one row per direction of a 5-tuple at a capture point) instead of repeating point,
+protocol, addresses and ports. Layout choices and numbers: docs/ingest.md.
 """
 from __future__ import annotations
 
@@ -52,6 +56,7 @@ run = Table(
     Column("finished_at", DateTime(timezone=True), nullable=True),
     Column("error", Text, nullable=True),
     Column("flags", JSON, nullable=False),                 # guard findings after the run
+    Column("run_key", Integer, nullable=False, unique=True),  # small id used by the per-packet tables
 )
 
 flow = Table(
@@ -90,15 +95,42 @@ host_evidence = Table(
     Column("data", JSON, nullable=False),
 )
 
-packet = Table(
-    "packet", metadata,
-    Column("run_id", String(128), nullable=False, index=False),
-    Column("point", String(100), nullable=False),          # capture point, e.g. aqm:to-client
-    Column("ts_ns", BigInteger, nullable=False),
+capture_point = Table(
+    "capture_point", metadata,
+    Column("run_id", String(128), ForeignKey("run.run_id", ondelete="CASCADE"), primary_key=True),
+    Column("point_id", SmallInteger, primary_key=True),
+    Column("point", String(100), nullable=False),           # e.g. aqm:to-client
+    Column("host", String(64), nullable=True),
+    Column("interface", String(64), nullable=True),
+    Column("records", BigInteger, nullable=False),          # reader counts (orchestrator/ingest/pcap.py)
+    Column("tcp", BigInteger, nullable=False),
+    Column("udp", BigInteger, nullable=False),
+    Column("other", BigInteger, nullable=False),
+    Column("truncated", BigInteger, nullable=False),
+    Column("trailing_bytes", BigInteger, nullable=False),
+    Column("captured", BigInteger, nullable=True),           # tcpdump's own counts (NULL if unknown)
+    Column("received_by_filter", BigInteger, nullable=True),
+    Column("dropped_by_kernel", BigInteger, nullable=True),
+)
+
+conn = Table(
+    "conn", metadata,
+    Column("run_key", Integer, ForeignKey("run.run_key", ondelete="CASCADE"), primary_key=True),
+    Column("conn_id", Integer, primary_key=True),
+    Column("point", String(100), nullable=False),
+    Column("proto", SmallInteger, nullable=False),         # 6 TCP, 17 UDP
+    Column("ipv", SmallInteger, nullable=False),           # 4 or 6
     Column("src_addr", String(45), nullable=False),
     Column("dst_addr", String(45), nullable=False),
     Column("src_port", Integer, nullable=False),
     Column("dst_port", Integer, nullable=False),
+)
+
+packet = Table(
+    "packet", metadata,
+    Column("run_key", Integer, nullable=False),
+    Column("conn_id", Integer, nullable=False),
+    Column("ts_ns", BigInteger, nullable=False),
     Column("seq", BigInteger, nullable=False),
     Column("ack", BigInteger, nullable=False),
     Column("payload_len", Integer, nullable=False),
@@ -110,9 +142,35 @@ packet = Table(
     Column("tsecr", BigInteger, nullable=False),
 )
 
+qdelay = Table(
+    "qdelay", metadata,
+    Column("run_key", Integer, nullable=False),
+    Column("conn_id", Integer, nullable=False),            # conn at the aqm ingress
+    Column("ts_in_ns", BigInteger, nullable=False),
+    Column("ts_out_ns", BigInteger, nullable=True),        # NULL: dropped
+    Column("sojourn_ns", BigInteger, nullable=True),       # t_out - t_in - d_fwd - netem; NULL: dropped
+    Column("payload_len", Integer, nullable=False),
+    Column("ce", SmallInteger, nullable=False),            # CE-marked between ingress and egress
+    Column("dropped", SmallInteger, nullable=False),
+)
+
+qdelay_pair = Table(
+    "qdelay_pair", metadata,
+    Column("run_id", String(128), ForeignKey("run.run_id", ondelete="CASCADE"), primary_key=True),
+    Column("ingress", String(100), primary_key=True),
+    Column("egress", String(100), primary_key=True),
+    Column("d_fwd_ns", BigInteger, nullable=False),        # subtracted forwarding latency
+    Column("d_fwd_source", String(32), nullable=False),    # run-minimum | given
+    Column("netem_ns", BigInteger, nullable=False),        # subtracted emulated delay on the path
+    Column("matched", BigInteger, nullable=False),
+    Column("dropped", BigInteger, nullable=False),
+    Column("ce", BigInteger, nullable=False),
+    Column("unmatched_egress", BigInteger, nullable=False),  # at egress but never at ingress
+)
+
 tcp_probe = Table(
     "tcp_probe", metadata,
-    Column("run_id", String(128), nullable=False),
+    Column("run_key", Integer, nullable=False),
     Column("host", String(64), nullable=False),
     Column("ts_ns", BigInteger, nullable=False),           # CLOCK_REALTIME (converted from trace clock)
     Column("saddr", String(45), nullable=False),
@@ -132,7 +190,7 @@ tcp_probe = Table(
 
 qdisc_sample = Table(
     "qdisc_sample", metadata,
-    Column("run_id", String(128), nullable=False),
+    Column("run_key", Integer, nullable=False),
     Column("host", String(64), nullable=False),
     Column("interface", String(64), nullable=False),
     Column("ts_ns", BigInteger, nullable=False),
@@ -162,11 +220,15 @@ iperf_interval = Table(
     Column("rtt_us", BigInteger, nullable=False),
 )
 
-# Bulk tables are read and deleted per run; packet is also read per capture point in time order (queue
-# delay pairs two points), so its index leads with run_id and serves per-run deletes as well.
-Index("ix_packet_run_point_ts", packet.c.run_id, packet.c.point, packet.c.ts_ns)
-Index("ix_tcp_probe_run_id", tcp_probe.c.run_id)
-Index("ix_qdisc_sample_run_id", qdisc_sample.c.run_id)
+# Per-packet tables: BRIN on (run_key, time) on PostgreSQL: built after the load of each partition in
+# one cheap pass, and packets arrive in time order per capture point; a plain B-tree on SQLite, where it
+# also serves per-run deletes.
+Index("ix_packet_run_ts", packet.c.run_key, packet.c.ts_ns, postgresql_using="brin")
+Index("ix_qdelay_run_ts", qdelay.c.run_key, qdelay.c.ts_in_ns, postgresql_using="brin")
+Index("ix_tcp_probe_run_ts", tcp_probe.c.run_key, tcp_probe.c.ts_ns, postgresql_using="brin")
+Index("ix_qdisc_sample_run_ts", qdisc_sample.c.run_key, qdisc_sample.c.ts_ns, postgresql_using="brin")
 Index("ix_iperf_interval_run_id", iperf_interval.c.run_id)
 
-PER_RUN_BULK_TABLES = (packet, tcp_probe, qdisc_sample, iperf_interval)
+PARTITION_SCHEMA = "tcplab_part"
+PARTITIONED_TABLES = (packet, qdelay, tcp_probe, qdisc_sample)   # keyed by run_key
+PER_RUN_BULK_TABLES = (*PARTITIONED_TABLES, iperf_interval)

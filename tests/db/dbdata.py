@@ -8,9 +8,10 @@ from __future__ import annotations
 import datetime as dt
 
 import numpy as np
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, func, select, text
 
-from orchestrator.ingest import records
+from orchestrator.ingest import addr, records
+from orchestrator.ingest.conns import ConnRegistry
 from orchestrator.storage import tables
 from orchestrator.storage.ingest import RunIngest
 
@@ -24,8 +25,10 @@ def packets(n: int, rng: np.random.Generator, t0_ns: int = T0_NS) -> np.ndarray:
     a = np.zeros(n, records.PACKET)
     a["ts_ns"] = t0_ns + np.cumsum(rng.integers(1_000, 120_000, n))
     v6 = rng.random(n) < 0.3
-    a["src_addr"] = np.where(v6, "fd00:0:0:1::2", "10.0.1.2")
-    a["dst_addr"] = np.where(v6, "fd00:0:0:3::2", "10.0.3.2")
+    a["ipv"] = np.where(v6, 6, 4)
+    a["proto"] = np.where(rng.random(n) < 0.05, records.PROTO_UDP, records.PROTO_TCP)
+    a["src_addr"] = np.where(v6, addr.packed("fd00:0:0:1::2"), addr.packed("10.0.1.2"))
+    a["dst_addr"] = np.where(v6, addr.packed("fd00:0:0:3::2"), addr.packed("10.0.3.2"))
     a["src_port"] = np.where(v6, 40_001, 40_000)
     a["dst_port"] = np.where(v6, 5_202, 5_201)
     a["seq"] = rng.integers(0, 2**32, n)
@@ -37,6 +40,18 @@ def packets(n: int, rng: np.random.Generator, t0_ns: int = T0_NS) -> np.ndarray:
     a["ip_id"] = rng.integers(0, 65_536, n)
     a["tsval"] = np.where(rng.random(n) < 0.05, -1, rng.integers(0, 2**32, n))
     a["tsecr"] = np.where(a["tsval"] < 0, -1, rng.integers(0, 2**32, n))
+    return a
+
+
+def qdelays(n: int, rng: np.random.Generator) -> np.ndarray:
+    a = np.zeros(n, records.QDELAY)
+    a["conn_id"] = rng.integers(0, 2, n)
+    a["ts_in_ns"] = T0_NS + np.cumsum(rng.integers(1_000, 120_000, n))
+    a["dropped"] = rng.random(n) < 0.01
+    a["sojourn_ns"] = np.where(a["dropped"], -1, rng.integers(0, 5_000_000, n))
+    a["ts_out_ns"] = np.where(a["dropped"], -1, a["ts_in_ns"] + a["sojourn_ns"] + 15_000)
+    a["payload_len"] = 1448
+    a["ce"] = (rng.random(n) < 0.02) & (a["dropped"] == 0)
     return a
 
 
@@ -116,6 +131,10 @@ def make_run_ingest(run_id: str = "quickstart-0000", n_packets: int = 100_000, s
         evidence=[{"host": h, "phase": p, "data": {"kernel": "6.1.0", "sysctls": {"net.core.x": "1"}}}
                   for h in ("client", "aqm", "server") for p in ("hello", "apply")],
         packets=[(POINTS[0], packets(half, rng)), (POINTS[1], packets(n_packets - half, rng))],
+        conns=ConnRegistry(),
+        qdelay=[(POINTS[0], qdelays(n_packets // 10, rng))],
+        qdelay_pairs=[{"ingress": POINTS[0], "egress": POINTS[1], "d_fwd_ns": 15_000, "d_fwd_source": "given",
+                       "netem_ns": 0, "matched": 1, "dropped": 0, "ce": 0, "unmatched_egress": 0}],
         tcp_probe=[("client", tcp_probes(3_000, rng))],
         qdisc_samples=[("aqm", "veth-srv", qdisc_samples(1_000, rng)),
                        ("aqm", "veth-cli", qdisc_samples(1_000, rng))],
@@ -131,6 +150,9 @@ def table_counts(engine: Engine, run_id: str | None = None) -> dict[str, int]:
             stmt = select(func.count()).select_from(t)
             if run_id is not None and "run_id" in t.c:
                 stmt = stmt.where(t.c.run_id == run_id)
+            elif run_id is not None and "run_key" in t.c:
+                key = select(tables.run.c.run_key).where(tables.run.c.run_id == run_id).scalar_subquery()
+                stmt = stmt.where(t.c.run_key == key)
             out[t.name] = conn.scalar(stmt)
     return out
 
@@ -140,3 +162,29 @@ def snapshot(engine: Engine) -> dict[str, list[tuple]]:
     with engine.connect() as conn:
         return {t.name: sorted(tuple(map(repr, r)) for r in conn.execute(select(t)))
                 for t in tables.metadata.sorted_tables}
+
+
+PACKET_COLUMNS = ("point", "proto", "ipv", "src_addr", "dst_addr", "src_port", "dst_port",
+                  *records.PACKET_VALUE_FIELDS)
+
+
+def packets_back(engine: Engine, run_id: str) -> list[tuple]:
+    """A run's packets as stored (conn joined back in), sorted; plain SQL, independent of the writer."""
+    cols = ", ".join(f"c.{c}" if c in ("point", "proto", "ipv", "src_addr", "dst_addr", "src_port", "dst_port")
+                     else f"p.{c}" for c in PACKET_COLUMNS)
+    sql = (f"SELECT {cols} FROM packet p JOIN run r ON r.run_key = p.run_key "
+           "JOIN conn c ON c.run_key = p.run_key AND c.conn_id = p.conn_id WHERE r.run_id = :r")
+    with engine.connect() as conn:
+        return sorted(tuple(row) for row in conn.execute(text(sql), {"r": run_id}))
+
+
+def packets_expected(ingest: RunIngest) -> list[tuple]:
+    """What packets_back should return for a RunIngest whose packets are arrays."""
+    out = []
+    for point, arr in ingest.packets:
+        src = addr.format_column(arr["ipv"], arr["src_addr"])
+        dst = addr.format_column(arr["ipv"], arr["dst_addr"])
+        cols = [arr[c].tolist() for c in ("proto", "ipv")] + [src.tolist(), dst.tolist()]
+        cols += [arr[c].tolist() for c in ("src_port", "dst_port", *records.PACKET_VALUE_FIELDS)]
+        out += [(point, *row) for row in zip(*cols, strict=True)]
+    return sorted(out)

@@ -10,6 +10,8 @@ from dbdata import (
     PLAN_SHA,
     POINTS,
     make_run_ingest,
+    packets_back,
+    packets_expected,
     plan_row,
     run_row,
     snapshot,
@@ -18,28 +20,23 @@ from dbdata import (
 from sqlalchemy import select, text
 
 from orchestrator.ingest import records
-from orchestrator.storage import tables
+from orchestrator.storage import bulk, pgcopy, tables
 from orchestrator.storage.db import open_db
 from orchestrator.storage.ingest import (
     IngestCounts,
     IngestError,
     RunIngest,
-    bulk_rows,
     completed_run_ids,
     delete_run,
     validate,
     write_run,
 )
 
-EXPECTED_100K = {"plan": 1, "run": 1, "flow": 2, "artifact": 2, "host_evidence": 6, "packet": 100_000,
-                 "tcp_probe": 3_000, "qdisc_sample": 2_000, "iperf_interval": 600}
-
-
-def _packets_back(engine, run_id: str) -> list[tuple]:
-    cols = ", ".join(("point", *records.PACKET.names))
-    with engine.connect() as conn:
-        return [tuple(r) for r in conn.execute(
-            text(f"SELECT {cols} FROM packet WHERE run_id = :r ORDER BY point, ts_ns"), {"r": run_id})]
+# conn: 2 points x (IPv4, IPv6 flow) x (TCP, UDP)
+EXPECTED_100K = {"plan": 1, "run": 1, "flow": 2, "artifact": 2, "host_evidence": 6, "capture_point": 2,
+                 "conn": 8, "packet": 100_000, "qdelay": 10_000, "qdelay_pair": 1, "tcp_probe": 3_000,
+                 "qdisc_sample": 2_000, "iperf_interval": 600}
+_packets_back = packets_back
 
 
 def test_round_trip_100k_packets(engine, db_url, make_ingest) -> None:
@@ -52,9 +49,8 @@ def test_round_trip_100k_packets(engine, db_url, make_ingest) -> None:
 
     assert counts.as_dict() == EXPECTED_100K
     assert table_counts(engine) == EXPECTED_100K
-    # Every packet field survives exactly (64-bit values, -1 sentinels, IPv6 text).
-    expected = sorted((point, *row) for point, arr in ingest.packets for row in arr.tolist())
-    assert _packets_back(engine, "rt-0001") == expected
+    # Every packet field survives exactly (64-bit values, -1 sentinels, IPv6 text, UDP rows).
+    assert _packets_back(engine, "rt-0001") == packets_expected(ingest)
     with engine.connect() as conn:
         run = conn.execute(select(tables.run)).mappings().one()
         probe = conn.execute(text("SELECT sock_cookie, ssthresh FROM tcp_probe LIMIT 1")).one()
@@ -104,8 +100,7 @@ def test_reingest_replaces_without_duplicates(engine) -> None:
     assert after["packet"] == 2_000 and after["flow"] == 1 and after["tcp_probe"] == 0
     assert after["run"] == 1 and after["plan"] == 1
     assert table_counts(engine, "re-0002") == before_other   # the other run is untouched
-    assert _packets_back(engine, "re-0001") == sorted(
-        (p, *r) for p, a in smaller.packets for r in a.tolist())
+    assert _packets_back(engine, "re-0001") == packets_expected(smaller)
     with engine.connect() as conn:
         assert conn.scalar(text("SELECT status FROM run WHERE run_id = 're-0001'")) == "failed"
 
@@ -182,16 +177,18 @@ def test_integrity_error_names_the_part_and_rolls_back(engine) -> None:
 
 def test_delete_run_removes_every_row_of_that_run_only(engine) -> None:
     written = write_run(engine, make_run_ingest("del-0001", n_packets=4_000, seed=1))
-    write_run(engine, make_run_ingest("del-0002", n_packets=1_000, seed=2))
+    other = write_run(engine, make_run_ingest("del-0002", n_packets=1_000, seed=2))
     removed = delete_run(engine, "del-0001")
     assert removed == dataclasses.replace(written, plan=0)
-    left = table_counts(engine, "del-0001")
-    assert {k: v for k, v in left.items() if k != "plan"} == dict.fromkeys(
-        ["run", "flow", "artifact", "host_evidence", "packet", "tcp_probe", "qdisc_sample",
-         "iperf_interval"], 0)
-    assert left["plan"] == 1   # plans are shared by runs and stay
+    # What is left in every table is exactly the other run (plans are shared by runs and stay).
+    assert table_counts(engine) == other.as_dict()
     assert table_counts(engine, "del-0002")["packet"] == 1_000
     assert delete_run(engine, "del-0001") == IngestCounts()
+    if engine.dialect.name == "postgresql":   # its partitions are gone too
+        with engine.connect() as conn:
+            names = conn.scalars(text("SELECT tablename FROM pg_tables WHERE schemaname = 'tcplab_part'")).all()
+        key = table_counts(engine)["run"]
+        assert len(names) == 4 and key == 1
 
 
 def test_completed_run_ids(engine) -> None:
@@ -208,14 +205,26 @@ def test_completed_run_ids(engine) -> None:
 
 # --- pure parts --------------------------------------------------------------------------------------
 
-def test_bulk_rows_batches_and_prefixes() -> None:
-    arr = np.zeros(5, records.IPERF_INTERVAL)
-    arr["stream_port"] = np.arange(5)
-    batches = list(bulk_rows(("run", 3), arr, batch=2))
+def test_sqlite_rows_batches_constants_and_nulls() -> None:
+    data = {"run_key": 3, "host": "aqm", "x": np.arange(5, dtype=np.int64)}
+    batches = list(bulk.sqlite_rows(["run_key", "host", "x"], data, {"x": np.arange(5) == 2}, batch=2))
     assert [len(b) for b in batches] == [2, 2, 1]
     flat = [r for b in batches for r in b]
-    assert [r[:3] for r in flat] == [("run", 3, i) for i in range(5)]
-    assert all(type(v) in (str, int, float) for r in flat for v in r)  # native values for the drivers
+    assert flat == [(3, "aqm", 0), (3, "aqm", 1), (3, "aqm", None), (3, "aqm", 3), (3, "aqm", 4)]
+    assert all(type(v) in (str, int) for r in flat for v in r if v is not None)  # native values
+
+
+def test_pgcopy_rows_are_the_binary_copy_format() -> None:
+    """Fixed-width rows, a text column (grouped by value), a NULL pattern and a scalar constant."""
+    cols = [("a", "int2"), ("b", "int8"), ("t", "text"), ("k", "int4")]
+    data = {"a": np.array([1, -2], np.int16), "b": np.array([2**40, 5]), "t": np.array(["x", "yz"]), "k": 7}
+    got = b"".join(pgcopy.encode(cols, data, {"b": np.array([False, True])}))
+    row0 = (b"\x00\x04" + b"\x00\x00\x00\x02\x00\x01" + b"\x00\x00\x00\x08" + (2**40).to_bytes(8, "big")
+            + b"\x00\x00\x00\x01x" + b"\x00\x00\x00\x04\x00\x00\x00\x07")
+    row1 = (b"\x00\x04" + b"\x00\x00\x00\x02\xff\xfe" + b"\xff\xff\xff\xff"
+            + b"\x00\x00\x00\x02yz" + b"\x00\x00\x00\x04\x00\x00\x00\x07")
+    assert sorted([got[:len(row0)], got[len(row0):]]) == sorted([row0, row1])
+    assert b"".join(pgcopy.encode(cols[:2], {"a": data["a"], "b": data["b"]}))[2:8] == row0[2:8]
 
 
 @pytest.mark.parametrize("change, where", [

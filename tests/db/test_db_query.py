@@ -31,7 +31,7 @@ def filled(engine, db_url) -> str:
 
 def test_select_returns_columns_and_rows(filled) -> None:
     columns, rows = run_query(filled, "SELECT run_id, status, (SELECT count(*) FROM packet p "
-                                      "WHERE p.run_id = r.run_id) AS packets FROM run r ORDER BY run_id")
+                                      "WHERE p.run_key = r.run_key) AS packets FROM run r ORDER BY run_id")
     assert columns == ["run_id", "status", "packets"]
     assert rows == [("q-0001", "complete", 1_000), ("q-0002", "failed", 500)]
 

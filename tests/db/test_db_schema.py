@@ -4,6 +4,7 @@ from __future__ import annotations
 import multiprocessing
 import sqlite3
 
+import numpy as np
 import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
@@ -11,6 +12,7 @@ from alembic.runtime.migration import MigrationContext
 from dbdata import plan_row
 from sqlalchemy import BigInteger, Column, Float, Integer, MetaData, SmallInteger, String, inspect, text
 
+from orchestrator.ingest import records
 from orchestrator.storage import tables
 from orchestrator.storage.db import (
     alembic_config,
@@ -20,7 +22,7 @@ from orchestrator.storage.db import (
     normalize_url,
     open_db,
 )
-from orchestrator.storage.ingest import BULK_LAYOUTS
+from orchestrator.storage.ingest import BULK_LAYOUTS, BulkLayout
 
 
 def test_migrated_schema_equals_metadata(engine) -> None:
@@ -28,7 +30,7 @@ def test_migrated_schema_equals_metadata(engine) -> None:
         ctx = MigrationContext.configure(conn, opts={"compare_type": True, "compare_server_default": True})
         diff = compare_metadata(ctx, tables.metadata)
     assert diff == []
-    assert current_revision(engine) == head_revision() == "0001"
+    assert current_revision(engine) == head_revision() == "0002"
     names = set(inspect(engine).get_table_names())
     assert names == set(tables.metadata.tables) | {"alembic_version"}
 
@@ -36,11 +38,12 @@ def test_migrated_schema_equals_metadata(engine) -> None:
 def test_bulk_indexes_exist(engine) -> None:
     insp = inspect(engine)
     got = {t: {ix["name"]: ix["column_names"] for ix in insp.get_indexes(t)}
-           for t in ("packet", "tcp_probe", "qdisc_sample", "iperf_interval")}
+           for t in ("packet", "qdelay", "tcp_probe", "qdisc_sample", "iperf_interval")}
     assert got == {
-        "packet": {"ix_packet_run_point_ts": ["run_id", "point", "ts_ns"]},
-        "tcp_probe": {"ix_tcp_probe_run_id": ["run_id"]},
-        "qdisc_sample": {"ix_qdisc_sample_run_id": ["run_id"]},
+        "packet": {"ix_packet_run_ts": ["run_key", "ts_ns"]},
+        "qdelay": {"ix_qdelay_run_ts": ["run_key", "ts_in_ns"]},
+        "tcp_probe": {"ix_tcp_probe_run_ts": ["run_key", "ts_ns"]},
+        "qdisc_sample": {"ix_qdisc_sample_run_ts": ["run_key", "ts_ns"]},
         "iperf_interval": {"ix_iperf_interval_run_id": ["run_id"]},
     }
 
@@ -132,6 +135,9 @@ def test_open_db_accepts_plain_postgresql_url(pg_url) -> None:
 def test_bulk_layouts_cover_every_column() -> None:
     for layout in BULK_LAYOUTS:
         assert sorted(layout.columns) == sorted(layout.table.columns.keys()), layout.table.name
+    packet_cols = {"run_key", "conn_id", *records.PACKET_VALUE_FIELDS}
+    assert packet_cols == set(tables.packet.columns.keys())
+    assert set(records.CONN_FIELDS) - {"point"} < set(tables.conn.columns.keys())
 
 
 def test_schema_comparison_would_see_a_difference(engine) -> None:
@@ -174,7 +180,9 @@ def test_concurrent_open_db_on_a_fresh_database(db_url) -> None:
 def test_record_dtypes_fit_their_columns() -> None:
     """records.py and tables.py agree: COPY sends each field at its column's width, no truncation."""
     ints = {2: SmallInteger, 4: Integer, 8: BigInteger}
-    for layout in BULK_LAYOUTS:
+    packet = BulkLayout("packets", tables.packet, (), np.dtype([(n, records.PACKET.fields[n][0])
+                                                                for n in records.PACKET_VALUE_FIELDS]))
+    for layout in (*BULK_LAYOUTS, packet):
         for name in layout.dtype.names:
             field, col = layout.dtype[name], layout.table.c[name].type
             if field.kind == "i":

@@ -6,8 +6,10 @@ the same artifacts into PostgreSQL and compares row counts table by table.
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from rich.console import Console
 from rich.progress import Progress
@@ -21,7 +23,9 @@ from orchestrator.storage.db import open_db
 from orchestrator.storage.ingest import write_run
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "experiments" / "quickstart.yaml"
-TABLES = ["run", "flow", "artifact", "host_evidence", "packet", "tcp_probe", "qdisc_sample", "iperf_interval"]
+TABLES = ["run", "flow", "artifact", "host_evidence", "capture_point", "conn", "packet", "qdelay", "qdelay_pair",
+          "tcp_probe", "qdisc_sample", "iperf_interval"]
+BY_RUN_KEY = {"conn", "packet", "qdelay", "tcp_probe", "qdisc_sample"}   # per-packet tables: run_key
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +42,9 @@ def quickstart_db(lab, tmp_path_factory):
 
 def counts(engine, run_id: str) -> dict[str, int]:
     with engine.connect() as conn:
-        return {t: conn.execute(text(f"SELECT count(*) FROM {t} WHERE run_id = :r"), {"r": run_id}).scalar_one()
+        key = conn.execute(text("SELECT run_key FROM run WHERE run_id = :r"), {"r": run_id}).scalar_one()
+        return {t: conn.execute(text(f"SELECT count(*) FROM {t} WHERE {'run_key' if t in BY_RUN_KEY else 'run_id'}"
+                                     " = :r"), {"r": key if t in BY_RUN_KEY else run_id}).scalar_one()
                 for t in TABLES}
 
 
@@ -52,6 +58,7 @@ def test_eight_complete_runs_with_packets_probes_and_qdisc_samples(quickstart_db
         c = counts(engine, run_id)
         assert c["packet"] > 1000 and c["tcp_probe"] > 100 and c["qdisc_sample"] > 100, (run_id, c)
         assert c["iperf_interval"] > 0 and c["host_evidence"] >= 9
+        assert c["capture_point"] == 2 and c["qdelay_pair"] == 1 and c["qdelay"] > 1000, (run_id, c)
 
 
 def test_one_flow_goodput_is_within_90_to_100_percent_of_the_htb_rate(quickstart_db):
@@ -89,3 +96,29 @@ def test_rerun_skips_runs_already_complete(quickstart_db, lab):
     assert rc == 0
     with open_db(url).connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM run")).scalar_one() == 8
+
+
+def test_paired_capture_queue_delay_agrees_with_the_qdisc_backlog(quickstart_db):
+    """Per-packet sojourn (aqm ingress/egress captures) vs the bottleneck qdisc's own view: its
+    backlog drained at the htb rate, backlog x 8 / rate, sampled every 10 ms over the same window."""
+    url, _ = quickstart_db
+    engine = open_db(url)
+    with engine.connect() as conn:
+        runs = conn.execute(text("SELECT run_id, run_key, params FROM run")).all()
+        for run_id, key, params in runs:
+            params = json.loads(params) if isinstance(params, str) else params
+            soj = np.array(conn.execute(text("SELECT ts_in_ns, sojourn_ns FROM qdelay WHERE run_key = :k "
+                                             "AND dropped = 0 AND payload_len > 0 ORDER BY ts_in_ns"),
+                                        {"k": key}).all(), dtype=np.int64)
+            q = np.array(conn.execute(text("SELECT ts_ns, backlog_bytes FROM qdisc_sample WHERE run_key = :k "
+                                           "AND parent = 'root' ORDER BY ts_ns"), {"k": key}).all(), dtype=np.int64)
+            pair = conn.execute(text("SELECT d_fwd_source, dropped, matched FROM qdelay_pair WHERE run_id = :r"),
+                                {"r": run_id}).one()
+            lo, hi = soj[0, 0], soj[-1, 0]
+            q = q[(q[:, 0] >= lo) & (q[:, 0] <= hi)]
+            from_backlog = q[:, 1] * 8 / params["rate_bit"] * 1e9
+            got, want = np.median(soj[:, 1]), np.median(from_backlog)
+            print(f"{run_id}: median sojourn {got / 1e6:.2f} ms, backlog/rate {want / 1e6:.2f} ms, "
+                  f"{pair.matched} matched, {pair.dropped} dropped")
+            assert pair.d_fwd_source == "run-minimum"
+            assert abs(got - want) <= max(0.1 * want, 1e6), (run_id, got, want)

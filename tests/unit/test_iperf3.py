@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from orchestrator.ingest import addr
 from orchestrator.ingest.iperf3 import Iperf3FormatError, parse_iperf3
 from orchestrator.ingest.pcap import read_pcap
 
@@ -85,7 +86,7 @@ def test_stream_ports_match_the_packet_capture():
     data = pkts[(pkts["src_port"] == s.sender_port) & (pkts["payload_len"] > 0)]
     # The data connection opens with iperf3's 37-byte cookie; no retransmissions in this run.
     assert data["payload_len"][0] == 37 and data["payload_len"].sum() == s.bytes_sent + 37
-    assert set(data["src_addr"]) == {s.local_host}
+    assert set(addr.format_column(data["ipv"], data["src_addr"])) == {s.local_host}
 
 
 @pytest.mark.parametrize("text", ["", "iperf3: error - unable to connect", "[1, 2]", '{"intervals": []}'])

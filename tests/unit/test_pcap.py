@@ -17,13 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from numpy.lib.recfunctions import repack_fields
-from scapy.layers.inet import IP, TCP, UDP
-from scapy.layers.inet6 import IPv6
-from scapy.layers.l2 import ARP, CookedLinux, CookedLinuxV2, Dot1AD, Dot1Q, Ether
-from scapy.packet import Packet, Raw
+from scapy.layers.inet import IP, TCP
+from scapy.layers.l2 import Ether
+from scapy.packet import Packet
 from scapy.utils import PcapWriter
 
-from orchestrator.ingest import pcap_walk, records
+from orchestrator.ingest import addr, pcap_walk, records
 from orchestrator.ingest.pcap import PcapFormatError, read_pcap, read_pcap_with_stats
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "ingest"
@@ -39,34 +38,74 @@ TSHARK_FIELDS = [
     "frame.time_epoch", "ip.src", "ip.dst", "ipv6.src", "ipv6.dst", "tcp.srcport", "tcp.dstport",
     "tcp.seq_raw", "tcp.ack_raw", "tcp.len", "ip.len", "ipv6.plen", "tcp.flags", "ip.dsfield.ecn",
     "ipv6.tclass", "ip.id", "tcp.options.timestamp.tsval", "tcp.options.timestamp.tsecr",
+    "udp.srcport", "udp.dstport", "udp.length",
 ]
+# Every PACKET field, with addresses as text: what both decoders are compared on.
+VIEW = np.dtype([(n, "U45" if n in ("src_addr", "dst_addr") else t)
+                 for n, (t, _) in records.PACKET.fields.items()])
 
 
-def tshark_packets(path: Path) -> np.ndarray:
+def view(pkts: np.ndarray) -> np.ndarray:
+    """A PACKET array with its addresses formatted, comparable with tshark's text output."""
+    out = np.zeros(pkts.size, VIEW)
+    for name in records.PACKET.names:
+        if name in ("src_addr", "dst_addr"):
+            out[name] = addr.format_column(pkts["ipv"], pkts[name]).astype("U45")
+        else:
+            out[name] = pkts[name]
+    return out
+
+
+def tshark_packets(path: Path, point: int = 0) -> np.ndarray:
     """The same PACKET columns, decoded by tshark (Wireshark's dissectors) instead of our reader."""
-    argv = ["tshark", "-r", str(path), "-Y", "tcp", "-T", "fields", "-E", "occurrence=f"]
+    argv = ["tshark", "-r", str(path), "-n", "-Y", "(tcp or udp) and not icmp and not icmpv6",
+            "-T", "fields", "-E", "occurrence=f"]
     for f in TSHARK_FIELDS:
         argv += ["-e", f]
     lines = subprocess.run(argv, check=True, capture_output=True, text=True).stdout.splitlines()
-    out = np.zeros(len(lines), dtype=records.PACKET)
+    out = np.zeros(len(lines), dtype=VIEW)
     for i, line in enumerate(lines):
         (t, s4, d4, s6, d6, sp, dp, seq, ack, tlen, iplen, plen, flags, ecn4, tclass, ipid,
-         tsval, tsecr) = line.split("\t")
+         tsval, tsecr, usp, udp_, ulen) = line.split("\t")
         sec, frac = t.split(".")
         six = bool(s6)
+        udp = bool(usp)
+        ip_len = int(plen) + 40 if six else int(iplen)
         out[i] = (int(sec) * 10**9 + int(frac.ljust(9, "0")),
-                  s6 if six else s4, d6 if six else d4, int(sp), int(dp), int(seq), int(ack),
-                  int(tlen), int(plen) + 40 if six else int(iplen), int(flags, 16),
-                  int(tclass, 16) & 3 if six else int(ecn4), 0 if six else int(ipid, 16),
-                  int(tsval) if tsval else -1, int(tsecr) if tsecr else -1)
+                  s6 if six else s4, d6 if six else d4,
+                  0 if udp else int(seq), 0 if udp else int(ack),
+                  -1 if udp or not tsval else int(tsval), -1 if udp or not tsecr else int(tsecr),
+                  int(usp if udp else sp), int(udp_ if udp else dp),
+                  int(ulen) - 8 if udp else int(tlen), ip_len, 0 if six else int(ipid, 16),
+                  0 if udp else int(flags, 16), int(tclass, 16) & 3 if six else int(ecn4),
+                  point, 17 if udp else 6, 6 if six else 4)
     return out
 
 
 def assert_same_packets(got: np.ndarray, want: np.ndarray) -> None:
+    """Packet by packet, field by field (PACKET arrays or their text views)."""
+    got = view(got) if got.dtype == records.PACKET else got
+    want = view(want) if want.dtype == records.PACKET else want
     assert got.size == want.size
-    for name in records.PACKET.names:
+    for name in VIEW.names:
         bad = np.flatnonzero(got[name] != want[name])
         assert bad.size == 0, f"{name} differs at packet {bad[:5]}: {got[name][bad[:5]]} vs {want[name][bad[:5]]}"
+
+
+def write(path: Path, frames: list[bytes | Packet], linktype: int = 1, nano: bool = True,
+          endianness: str = "", caplens: dict[int, int] | None = None) -> Path:
+    """A pcap of `frames`, packet i at T0 + i ms; caplens cut frame i to that many bytes."""
+    with PcapWriter(str(path), linktype=linktype, nano=nano, endianness=endianness) as w:
+        w.write_header(None)  # write_packet (raw bytes, exact caplen) does not write it
+        for i, f in enumerate(frames):
+            b = bytes(f)
+            cut = (caplens or {}).get(i, len(b))
+            w.write_packet(b[:cut], sec=T0, usec=i * (1_000_000 if nano else 1000), wirelen=len(b))
+    return path
+
+
+ETH = Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")
+TS = [("NOP", None), ("NOP", None), ("Timestamp", (1111, 2222))]
 
 
 @pytest.fixture(params=["c", "python"])
@@ -92,13 +131,13 @@ def test_real_capture_matches_tshark_field_by_field(name):
 @pytest.mark.parametrize("name", REAL)
 def test_real_capture_stats_and_walkers_agree(name, walker):
     pkts, stats = read_pcap_with_stats(FIX / name)
-    assert stats.records == stats.tcp + stats.non_tcp + stats.truncated
-    assert (stats.tcp, stats.non_tcp, stats.truncated, stats.trailing_bytes) == (*COUNTS[name], 0, 0)
+    assert stats.records == stats.tcp + stats.udp + stats.other + stats.truncated
+    assert (stats.tcp, stats.other, stats.truncated, stats.trailing_bytes, stats.udp) == (*COUNTS[name], 0, 0, 0)
     assert pkts.size == stats.tcp
     ref = read_pcap(FIX / SAME_PACKETS_AS.get(name, "eth.pcap"))
     # Same packets as the Ethernet capture (another tcpdump handle may order simultaneous ones apart).
     same = ["src_addr", "dst_addr", "src_port", "dst_port", "seq", "ack", "payload_len", "tsval"]
-    np.testing.assert_array_equal(np.sort(repack_fields(pkts[same])), np.sort(repack_fields(ref[same])))
+    np.testing.assert_array_equal(np.sort(repack_fields(view(pkts)[same])), np.sort(repack_fields(view(ref)[same])))
 
 
 def test_real_capture_content_is_plausible():
@@ -144,128 +183,6 @@ def test_walker_chunking_gives_the_same_offsets(walker, monkeypatch):
     a = read_pcap(FIX / "eth.pcapng")
     monkeypatch.undo()
     assert_same_packets(a, read_pcap(FIX / "eth.pcap"))
-
-
-# ---------------------------------------------------------------- synthetic edge cases (scapy)
-
-def write(path: Path, frames: list[bytes | Packet], linktype: int = 1, nano: bool = True,
-          endianness: str = "", caplens: dict[int, int] | None = None) -> Path:
-    """A pcap of `frames`, packet i at T0 + i ms; caplens cut frame i to that many bytes."""
-    with PcapWriter(str(path), linktype=linktype, nano=nano, endianness=endianness) as w:
-        w.write_header(None)  # write_packet (raw bytes, exact caplen) does not write it
-        for i, f in enumerate(frames):
-            b = bytes(f)
-            cut = (caplens or {}).get(i, len(b))
-            w.write_packet(b[:cut], sec=T0, usec=i * (1_000_000 if nano else 1000), wirelen=len(b))
-    return path
-
-
-ETH = Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")
-TS = [("NOP", None), ("NOP", None), ("Timestamp", (1111, 2222))]
-
-
-def test_ipv6_addresses_lengths_and_traffic_class(tmp_path):
-    p = ETH / IPv6(src="2001:db8::1", dst="2001:db8:0:1::abcd", tc=0xB9) / TCP(
-        sport=40000, dport=5201, seq=4_000_000_000, ack=7, flags="PA", options=TS) / Raw(b"x" * 300)
-    (pkt,) = read_pcap(write(tmp_path / "v6.pcap", [p], caplens={0: 128}))
-    assert (pkt["src_addr"], pkt["dst_addr"]) == ("2001:db8::1", "2001:db8:0:1::abcd")
-    assert (pkt["ip_len"], pkt["payload_len"], pkt["ip_id"], pkt["ecn"]) == (40 + 32 + 300, 300, 0, 1)
-    assert (pkt["seq"], pkt["ack"], pkt["tsval"], pkt["tsecr"]) == (4_000_000_000, 7, 1111, 2222)
-    assert pkt["ts_ns"] == T0 * 10**9
-
-
-def test_vlan_and_qinq_tags_are_skipped(tmp_path):
-    inner = IP(src="10.198.9.1", dst="10.198.9.2", id=77) / TCP(sport=1, dport=2, options=TS)
-    frames = [ETH / Dot1Q(vlan=5) / inner, ETH / Dot1AD(vlan=6) / Dot1Q(vlan=7) / inner, ETH / inner]
-    pkts = read_pcap(write(tmp_path / "vlan.pcap", frames))
-    assert pkts.size == 3
-    assert (pkts["ip_id"] == 77).all() and (pkts["tsval"] == 1111).all()
-    assert (pkts["src_addr"] == "10.198.9.1").all() and (pkts["dst_port"] == 2).all()
-
-
-@pytest.mark.parametrize(("options", "tsval", "tsecr"), [
-    # MSS(4) NOP SACK-permitted(2): the TS option starts at the odd offset 7.
-    ([("MSS", 1460), ("NOP", None), ("SAckOK", b""), ("Timestamp", (0xFFFFFFFF, 5)), ("WScale", 7)],
-     0xFFFFFFFF, 5),
-    ([("SAck", (100, 200, 300, 400)), ("NOP", None), ("NOP", None), ("Timestamp", (3, 4))], 3, 4),
-    ([("MSS", 1460), ("WScale", 7)], -1, -1),                 # options, no timestamp
-    ([], -1, -1),                                             # no options at all
-    ([("EOL", None), ("Timestamp", (9, 9))], -1, -1),         # after end-of-list: not an option
-    (b"\x05\x00\x08\x0a\x00\x00\x00\x01\x00\x00\x00\x02", -1, -1),  # zero length: malformed, stop
-    (b"\x08\x0a\x00\x00\x00\x01", -1, -1),                    # TS cut by the end of the header
-])
-def test_timestamp_option_anywhere_among_options(tmp_path, options, tsval, tsecr):
-    tcp = TCP(sport=1, dport=2, flags="A")
-    tcp.options = options if isinstance(options, list) else []
-    hdr = bytes(tcp)
-    if isinstance(options, bytes):  # raw option bytes, padded to 32-bit words with EOL
-        opt = options + b"\x00" * (-len(options) % 4)
-        hdr = hdr[:12] + bytes([(20 + len(opt)) // 4 << 4]) + hdr[13:20] + opt
-    ip = IP(src="10.198.9.1", dst="10.198.9.2", proto=6) / Raw(hdr + b"y" * 10)
-    (pkt,) = read_pcap(write(tmp_path / "opt.pcap", [ETH / ip]))
-    assert (pkt["tsval"], pkt["tsecr"]) == (tsval, tsecr)
-    assert pkt["payload_len"] == 10
-
-
-def test_truncated_headers_are_counted_not_decoded(tmp_path):
-    p = ETH / IP(src="10.198.9.1", dst="10.198.9.2") / TCP(options=TS) / Raw(b"z" * 1000)
-    # cut inside Ethernet, inside IP, inside the fixed TCP header, inside the TCP options, in payload
-    cuts = {0: 10, 1: 30, 2: 14 + 20 + 15, 3: 14 + 20 + 25, 4: 14 + 20 + 32 + 1}
-    pkts, stats = read_pcap_with_stats(write(tmp_path / "cut.pcap", [p] * 5, caplens=cuts))
-    assert (stats.records, stats.tcp, stats.truncated, stats.non_tcp) == (5, 1, 4, 0)
-    assert pkts["ts_ns"][0] == T0 * 10**9 + 4 * 10**6
-    assert (pkts["ip_len"][0], pkts["payload_len"][0]) == (1052, 1000)   # from the IP header
-
-
-def test_non_tcp_is_skipped_and_counted(tmp_path):
-    frames = [
-        ETH / ARP(),
-        ETH / IP(src="10.198.9.1", dst="10.198.9.2") / UDP(sport=1, dport=2),
-        ETH / IP(src="10.198.9.1", dst="10.198.9.2", proto=6, frag=185) / Raw(b"q" * 40),  # later fragment
-        ETH / IPv6(src="fe80::1", dst="fe80::2", nh=0) / Raw(b"\x06\x00" + b"\x00" * 6) / TCP(),  # ext hdr
-        ETH / IP(src="10.198.9.1", dst="10.198.9.2") / TCP(),
-    ]
-    pkts, stats = read_pcap_with_stats(write(tmp_path / "mix.pcap", frames))
-    assert (stats.tcp, stats.non_tcp, stats.truncated) == (1, 4, 0)
-    assert pkts["ts_ns"][0] == T0 * 10**9 + 4 * 10**6
-
-
-def test_ecn_codepoints_flags_ip_options(tmp_path):
-    frames = [ETH / IP(src="10.198.9.1", dst="10.198.9.2", tos=0xB8 | ecn) / TCP(flags=f)
-              for ecn, f in [(0, "S"), (1, "SEC"), (2, "AE"), (3, "AC")]]
-    frames.append(ETH / IP(src="10.198.9.1", dst="10.198.9.2", options=[b"\x01\x01\x01\x00"])
-                  / TCP(flags=0x1FF, options=TS) / Raw(b"w" * 5))
-    pkts = read_pcap(write(tmp_path / "ecn.pcap", frames))
-    assert list(pkts["ecn"]) == [0, 1, 2, 3, 0]
-    assert list(pkts["tcp_flags"]) == [0x002, 0x0C2, 0x050, 0x090, 0x1FF]
-    assert (pkts["ip_len"][4], pkts["payload_len"][4], pkts["tsval"][4]) == (24 + 32 + 5, 5, 1111)
-
-
-def test_cooked_raw_and_byte_orders(tmp_path):
-    ip = IP(src="10.198.9.1", dst="10.198.9.2", id=9) / TCP(seq=5, options=TS) / Raw(b"p" * 20)
-    cases = [
-        write(tmp_path / "sll.pcap", [CookedLinux(proto=0x0800) / ip], linktype=113),
-        write(tmp_path / "sll2.pcap", [CookedLinuxV2(proto=0x0800) / ip], linktype=276),
-        write(tmp_path / "raw.pcap", [ip], linktype=101),
-        write(tmp_path / "be_us.pcap", [ETH / ip], nano=False, endianness=">"),
-        write(tmp_path / "be_ns.pcap", [ETH / ip], nano=True, endianness=">"),
-        write(tmp_path / "le_us.pcap", [ETH / ip], nano=False, endianness="<"),
-    ]
-    for path in cases:
-        (pkt,) = read_pcap(path)
-        assert (pkt["ts_ns"], pkt["seq"], pkt["ip_id"], pkt["payload_len"]) == (T0 * 10**9, 5, 9, 20), path
-
-
-@pytest.mark.skipif(shutil.which("tshark") is None, reason="tshark not installed: no cross-check decoder")
-def test_synthetic_edge_cases_match_tshark(tmp_path):
-    frames = [
-        ETH / IPv6(src="2001:db8::5", dst="::ffff:10.198.9.9", tc=3) / TCP(flags="SEC", options=TS),
-        ETH / Dot1Q(vlan=3) / IP(src="10.198.9.1", dst="10.198.9.2", tos=1) / TCP(
-            options=[("MSS", 1460), ("NOP", None), ("SAckOK", b""), ("Timestamp", (12, 34))]),
-        ETH / IP(src="10.198.9.1", dst="10.198.9.2", tos=3) / TCP(flags="AE") / Raw(b"r" * 99),
-    ]
-    path = write(tmp_path / "syn.pcap", frames)
-    assert_same_packets(read_pcap(path), tshark_packets(path))
 
 
 # ---------------------------------------------------------------- hand-built pcapng (struct)
@@ -316,26 +233,3 @@ def test_format_errors_say_where(tmp_path):
     assert pkts.size == 0 and stats.records == 0
 
 
-def test_address_factorize_finds_values_the_sample_missed():
-    from orchestrator.ingest.pcap import _factorize
-    values = np.repeat(np.array([9, 5], dtype=np.int64), 50_000)
-    values[12_345] = 7          # between the sampled rows: only the fallback can find it
-    values[-1] = 11
-    uniq, code = _factorize(values)
-    assert uniq.tolist() == [5, 7, 9, 11]
-    np.testing.assert_array_equal(uniq[code], values)
-    uniq, code = _factorize(values[:0])
-    assert uniq.size == 0 and code.size == 0
-
-
-def test_ip_length_zero_and_bogus_lengths(tmp_path):
-    tcp = TCP(sport=1, dport=2, options=TS) / Raw(b"s" * 3000)
-    frames = [
-        ETH / IP(src="10.198.9.1", dst="10.198.9.2", len=0) / tcp,          # TSO/BIG TCP: length 0
-        ETH / IPv6(src="2001:db8::1", dst="2001:db8::2", plen=0) / tcp,     # likewise for IPv6
-        ETH / IP(src="10.198.9.1", dst="10.198.9.2", len=30) / tcp,         # shorter than its headers
-    ]
-    pkts, stats = read_pcap_with_stats(write(tmp_path / "len.pcap", frames, caplens={0: 128, 1: 128, 2: 128}))
-    assert (stats.tcp, stats.truncated) == (2, 1)
-    assert pkts["ip_len"].tolist() == [20 + 32 + 3000, 40 + 32 + 3000]     # from the wire length
-    assert pkts["payload_len"].tolist() == [3000, 3000]

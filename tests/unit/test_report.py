@@ -132,12 +132,29 @@ def engine(tmp_path: Path) -> sa.Engine:
              + probe_rows("q-reno-20", "client", 5201, 40000, [7, 7, 7])          # receiver side
              + probe_rows("q-bbr-50", "server", 40001, 5201, [100, 100])
              + probe_rows("q-bbr-50", "server", 40002, 5202, [50]))
+    keys = {r["run_id"]: i + 1 for i, r in enumerate(runs)}
+    for r in runs:
+        r["run_key"] = keys[r["run_id"]]
+    conns: dict[tuple, int] = {}   # packet rows name a conn (point, addresses, ports) by id
+    packet_rows = []
+    for row in packets:
+        k = (row["run_id"], row["point"], row["src_addr"], row["dst_addr"], row["src_port"], row["dst_port"])
+        cid = conns.setdefault(k, len(conns))
+        packet_rows.append({"run_key": keys[row["run_id"]], "conn_id": cid,
+                            **{c: v for c, v in row.items() if c in T.packet.c}})
+    conn_rows = [dict(run_key=keys[k[0]], conn_id=cid, point=k[1], proto=6, ipv=4, src_addr=k[2], dst_addr=k[3],
+                      src_port=k[4], dst_port=k[5]) for k, cid in conns.items()]
+
+    def keyed(rows: list[dict]) -> list[dict]:
+        return [{**{c: v for c, v in r.items() if c != "run_id"}, "run_key": keys[r["run_id"]]} for r in rows]
+
     with eng.begin() as conn:
         conn.execute(T.run.insert(), runs)
         conn.execute(T.flow.insert(), flows)
-        conn.execute(T.packet.insert(), packets)
-        conn.execute(T.qdisc_sample.insert(), qdisc)
-        conn.execute(T.tcp_probe.insert(), probe)
+        conn.execute(T.conn.insert(), conn_rows)
+        conn.execute(T.packet.insert(), packet_rows)
+        conn.execute(T.qdisc_sample.insert(), keyed(qdisc))
+        conn.execute(T.tcp_probe.insert(), keyed(probe))
     return eng
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from orchestrator.ingest import addr
 from orchestrator.ingest.pcap import read_pcap
 from orchestrator.ingest.tcp_probe import TcpProbeFormatError, parse_tcp_probe, parse_tcp_probe_with_stats
 
@@ -60,9 +61,10 @@ def test_probe_state_agrees_with_the_capture_of_the_same_run():
     pkts = read_pcap(FIX / "eth.pcap")
     end_seq = (pkts["seq"] + pkts["payload_len"] + ((pkts["tcp_flags"] & 0x03) != 0)) % 2**32
     for (saddr, sport, daddr, dport), ev in _by_connection(probes).items():
-        inbound = pkts[(pkts["src_addr"] == daddr) & (pkts["src_port"] == dport)
-                       & (pkts["dst_addr"] == saddr) & (pkts["dst_port"] == sport)]
-        outbound = (pkts["src_addr"] == saddr) & (pkts["src_port"] == sport) & (pkts["dst_port"] == dport)
+        s, d = addr.packed(saddr), addr.packed(daddr)
+        inbound = pkts[(pkts["src_addr"] == d) & (pkts["src_port"] == dport)
+                       & (pkts["dst_addr"] == s) & (pkts["dst_port"] == sport)]
+        outbound = (pkts["src_addr"] == s) & (pkts["src_port"] == sport) & (pkts["dst_port"] == dport)
         assert np.isin(ev["snd_una"], inbound["ack"]).all()
         assert np.isin(ev["snd_nxt"], end_seq[outbound]).all()
         last = np.searchsorted(inbound["ts_ns"], ev["ts_ns"] + 1000, side="right") - 1
@@ -82,7 +84,8 @@ def test_ipv6_addresses_and_wrapped_buffer():
     assert set(probes["saddr"]) == {"fe80::acee:8ff:fef7:6bc5", "fe80::2858:cbff:fef3:a1bb"}
     assert probes[0]["data_len"] == 1428 and probes[0]["rcv_wnd"] == 379904
     pkts = read_pcap(FIX / "v6.pcap")
-    assert set(probes["saddr"]) == set(pkts["src_addr"])    # same strings as the packet table
+    # same strings as the conn table
+    assert set(probes["saddr"]) == set(addr.format_column(pkts["ipv"], pkts["src_addr"]))
 
 
 def test_empty_and_non_event_lines():
