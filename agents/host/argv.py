@@ -74,9 +74,15 @@ def _netem(s: Netem) -> list[str]:
     return argv + ["limit", str(s.limit_packets)]
 
 
+# tc stores RED's max_P as probability x 2^32 in a u32: 1.0 overflows to 0 and the kernel then derives max_P
+# from Plog (a 6.1 kernel reads back 0.5, tests/fixtures/tc/netem_htb_red_step_ecn.json). Cap just below 1.
+RED_MAX_PROBABILITY = 0.99999999
+
+
 def _red(s: Red) -> list[str]:
+    p = min(s.probability, RED_MAX_PROBABILITY)
     return ["red", "limit", str(s.limit_bytes), "min", str(s.min_bytes), "max", str(s.max_bytes),
-            "avpkt", str(s.avpkt_bytes), "burst", str(s.burst_packets), "probability", f"{s.probability:.6g}",
+            "avpkt", str(s.avpkt_bytes), "burst", str(s.burst_packets), "probability", f"{p:.8g}",
             "bandwidth", f"{s.bandwidth_bit}bit", *_flag(s.ecn, "ecn", None), *_flag(s.adaptive, "adaptive", None)]
 
 

@@ -10,7 +10,7 @@ import re
 from agents.host.argv import OFFLOAD_LONG_NAMES
 from orchestrator.plan.runspec import RunSpec
 from schemas import protocol
-from schemas.hoststate import Bfifo, HostState, Htb, Pfifo, QdiscStage, Tbf
+from schemas.hoststate import Bfifo, Codel, Fq, FqCodel, FqPie, HostState, Htb, Netem, Pfifo, Pie, QdiscStage, Red, Tbf
 
 SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)([KMG]?)b$")
 
@@ -63,6 +63,56 @@ def stage_differences(dev: str, i: int, stage: QdiscStage, rb: protocol.Interfac
         diffs.append(f"{where}: rate {opts.get('rate')} B/s != {stage.rate_bit // 8} B/s")
     if isinstance(stage, Htb):
         diffs += _htb_class_differences(dev, i, stage, rb)
+    diffs += [f"{where}: {d}" for d in aqm_option_differences(stage, opts)]
+    return diffs
+
+
+def _us(ns: int | None) -> int | None:
+    return None if ns is None else ns // 1000
+
+
+def _want(stage: QdiscStage) -> list[tuple[str, object, object]]:
+    """(option, read-back path, wanted value) per stage kind, in the units `tc -j` prints (µs, bytes)."""
+    if isinstance(stage, Netem):
+        out = [("limit", "limit", stage.limit_packets), ("delay", ("delay", "delay"), stage.delay_ns / 1e9),
+               ("jitter", ("delay", "jitter"), stage.jitter_ns / 1e9)]
+        return out + ([("loss", ("loss-random", "loss"), stage.loss)] if stage.loss else [])
+    if isinstance(stage, Red):
+        return [("limit", "limit", stage.limit_bytes), ("min", "min", stage.min_bytes),
+                ("max", "max", stage.max_bytes), ("ecn", "ecn", stage.ecn), ("adaptive", "adaptive", stage.adaptive),
+                ("probability", "probability", stage.probability)]
+    if isinstance(stage, (FqCodel, Codel)):
+        return [("limit", "limit", stage.limit_packets), ("target", "target", _us(stage.target_ns)),
+                ("interval", "interval", _us(stage.interval_ns)),
+                ("ce_threshold", "ce_threshold", _us(stage.ce_threshold_ns))] + \
+               ([("ecn", "ecn", stage.ecn)] if isinstance(stage, FqCodel) else [])
+    if isinstance(stage, (Pie, FqPie)):
+        return [("limit", "limit", stage.limit_packets), ("target", "target", _us(stage.target_ns)),
+                ("tupdate", "tupdate", _us(stage.tupdate_ns))] + ([("ecn", "ecn", stage.ecn)]
+                                                                  if isinstance(stage, Pie) else [])
+    if isinstance(stage, Fq):
+        return [("limit", "limit", stage.limit_packets), ("flow_limit", "flow_limit", stage.flow_limit_packets),
+                ("initial_quantum", "initial_quantum", stage.initial_quantum_bytes),
+                ("maxrate", "maxrate", None if stage.maxrate_bit is None else stage.maxrate_bit // 8)]
+    return []
+
+
+def aqm_option_differences(stage: QdiscStage, opts: dict) -> list[str]:
+    """Compare the options tc reports with the requested ones. tc rounds times to µs (codel prints
+    4999 for 5 ms), so numbers agree within 0.1 % or one unit; unset options keep tc's defaults."""
+    diffs = []
+    for name, path, want in _want(stage):
+        if want is None:
+            continue
+        got: object = opts
+        for key in (path if isinstance(path, tuple) else (path,)):
+            got = got.get(key) if isinstance(got, dict) else None
+        if isinstance(want, bool) or got is None or isinstance(got, bool):
+            ok = got == want
+        else:
+            ok = abs(float(got) - float(want)) <= max(1e-6, 1e-3 * abs(float(want)), 1.0 if float(want) > 100 else 0)
+        if not ok:
+            diffs.append(f"{name} {got} != {want}")
     return diffs
 
 

@@ -60,3 +60,10 @@ def test_aqms_are_leaves_and_mark_needs_its_own_tc() -> None:
         chain_argv("x", [FqCodel(), Pfifo(limit_packets=10)])
     with pytest.raises(ChainError, match="stock iproute2"):
         chain_argv("x", [Mark(mode="step", min_ns=1_000_000, limit_packets=100)])
+
+
+def test_red_probability_one_is_capped_below_the_u32_overflow() -> None:
+    red = Red(limit_bytes=500_000, min_bytes=3000, max_bytes=3001, avpkt_bytes=1500, burst_packets=3,
+              probability=1.0, bandwidth_bit=20_000_000, ecn=True)
+    (cmd,) = chain_argv("x", [red])
+    assert cmd[cmd.index("probability") + 1] == "0.99999999"
