@@ -5,9 +5,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TCPLAB := $(VENV)/bin/tcplab
 APT_PKGS := iproute2 iputils-ping iperf3 tcpdump ethtool tshark python3 python3-venv python3-dev gcc make postgresql
+# the VM lab (`tcplab lab up --kind vm`): QEMU for the aqm guest, busybox for its initramfs
+VM_APT_PKGS := qemu-system-x86 busybox-static
 PG_ADMIN_URL ?= postgresql://postgres@127.0.0.1:5432/postgres
 
-.PHONY: setup apt venv postgres demo test lint clean
+.PHONY: setup apt vm-deps venv postgres demo test lint clean
 
 setup: apt venv
 
@@ -16,6 +18,13 @@ apt:
 	if [ -n "$$missing" ]; then \
 	  echo "installing: $$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+vm-deps:
+	@missing=$$(for p in $(VM_APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing: $$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
 venv: $(VENV)/.installed
@@ -43,7 +52,7 @@ demo: setup
 	$(TCPLAB) lab down; \
 	exit $$rc
 
-test: setup postgres
+test: setup vm-deps postgres
 	TCPLAB_TEST_PG=$(PG_ADMIN_URL) $(VENV)/bin/pytest -q -rs
 
 lint: venv

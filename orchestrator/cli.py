@@ -5,6 +5,7 @@ import argparse
 import asyncio
 import json
 import logging
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,25 +16,73 @@ console = Console(stderr=True)
 
 
 def cmd_lab(args: argparse.Namespace) -> int:
-    from orchestrator.lab import netns
+    from orchestrator.lab import netns, vm, vm_image
 
-    if args.action == "up":
-        inv = netns.up()
-        console.print(f"lab up: {', '.join(inv['hosts'])}; inventory {netns.inventory_path()}")
-    elif args.action == "down":
-        removed = netns.down()
-        console.print("lab down: " + ("; ".join(removed) if removed else "nothing to remove"))
-    else:
-        st = netns.status()
-        if args.json:
-            print(json.dumps(st, indent=2))
+    if args.kernel and args.kind != "vm":
+        console.print("[red]--kernel needs --kind vm[/red]")
+        return 2
+    if args.command and args.action != "exec":
+        console.print(f"[red]unexpected arguments for lab {args.action}: {' '.join(args.command)}[/red]")
+        return 2
+    kind = args.kind if args.action == "up" else vm.lab_kind()
+    try:
+        if args.action == "up" and kind == "vm":
+            inv = vm.up(kernel=args.kernel)
+            v = inv["vm"]
+            console.print(f"lab up (vm): {', '.join(inv['hosts'])}; aqm guest {v['package']} ({v['release']}, "
+                          f"{v['accel']}, {v['share']}), agent ready {v.get('boot_s', '?')} s after start; "
+                          f"inventory {netns.inventory_path()}")
+        elif args.action == "up":
+            inv = netns.up()
+            console.print(f"lab up: {', '.join(inv['hosts'])}; inventory {netns.inventory_path()}")
+        elif args.action == "exec":
+            return _lab_exec(kind, args.command)
+        elif args.action == "down":
+            removed = vm.down() if kind == "vm" else netns.down()
+            console.print("lab down: " + ("; ".join(removed) if removed else "nothing to remove"))
         else:
-            console.print(f"healthy: {st['healthy']}  namespaces: {' '.join(st['namespaces']) or '-'}")
-            for a in st["agents"]:
-                console.print(f"  agent {a['role']} pid {a['pid']}")
-            for link in st["links"]:
-                console.print(f"  {link['namespace']} {link['ifname']} {link['state']} {' '.join(link['addr'])}")
+            st = vm.status() if kind == "vm" else netns.status()
+            if args.json:
+                print(json.dumps(st, indent=2))
+            else:
+                names = ' '.join(st['namespaces']) or '-'
+                console.print(f"healthy: {st['healthy']}  kind: {kind}  namespaces: {names}")
+                if "vm" in st:
+                    v = st["vm"]
+                    console.print(f"  vm {v['package']} ({v['accel']}) pid {v['pid']} alive {v['alive']}; "
+                                  f"console {v['console']}")
+                for a in st["agents"]:
+                    where = f"pid {a['pid']}" if a.get("pid") else f"in the VM, {a.get('agent')}"
+                    console.print(f"  agent {a['role']} {where}")
+                for link in st["links"]:
+                    console.print(f"  {link['namespace']} {link['ifname']} {link['state']} {' '.join(link['addr'])}")
+    except (netns.LabError, vm_image.ImageError) as exc:
+        console.print(f"[red]lab {args.action} failed:[/red] {exc}")
+        return 1
     return 0
+
+
+def _lab_exec(kind: str, command: list[str]) -> int:
+    """`tcplab lab exec ROLE CMD...`: in that role's namespace, or in the aqm guest of a vm lab."""
+    from orchestrator.inventory import load_inventory
+    from orchestrator.lab import netns, vm
+
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if len(command) < 2:
+        console.print("[red]usage: tcplab lab exec ROLE CMD [ARG...][/red]")
+        return 2
+    role, argv = command[0], command[1:]
+    host = load_inventory(netns.inventory_path()).hosts.get(role)
+    if host is None:
+        console.print(f"[red]no role {role!r} in the lab[/red]")
+        return 2
+    if host.namespace:
+        return subprocess.run(["ip", "netns", "exec", host.namespace, *argv], check=False).returncode
+    done = vm.guest_exec(argv)
+    sys.stdout.write(done.stdout)
+    sys.stderr.write(done.stderr)
+    return done.returncode
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -105,9 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True)
 
-    lab = sub.add_parser("lab", help="the local netns lab")
-    lab.add_argument("action", choices=["up", "down", "status"])
+    lab = sub.add_parser("lab", help="the local lab: namespaces, or namespaces + an aqm VM")
+    lab.add_argument("action", choices=["up", "down", "status", "exec"])
     lab.add_argument("--json", action="store_true")
+    lab.add_argument("--kind", choices=["netns", "vm"], default="netns",
+                     help="up: netns (host kernel) or vm (aqm is a QEMU guest); down/status follow the lab")
+    lab.add_argument("--kernel", metavar="PACKAGE", default=None,
+                     help="vm: Debian kernel package of the aqm guest (default: newest linux-image-6.1.0-*-amd64)")
+    lab.add_argument("command", nargs="*", help="exec: ROLE -- CMD [ARG...]")
     lab.set_defaults(func=cmd_lab)
 
     plan = sub.add_parser("plan", help="validate / expand / tabulate a plan")

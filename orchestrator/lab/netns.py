@@ -16,7 +16,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from agents import procs
 from orchestrator.agent_client import AgentClient
@@ -54,19 +57,30 @@ def pid_alive(pid: int) -> bool:
     return _proc_state(pid) not in (None, "Z", "X")
 
 
-def build_inventory(topo: Topology, state_dir: Path, token_file: Path) -> dict:
+def inventory_dict(topo: Topology, kind: str, token_file: Path, macs: dict[tuple[str, str], str],
+                   agents: dict[str, str], namespaces: dict[str, str | None]) -> dict:
+    """The inventory (pure): per role its agent URL, namespace (None for a VM) and data interfaces."""
     hosts = {}
     for role in topo.roles:
         ifaces = {}
         for ep in topo.endpoints(role):
             peer = topo.peer(ep)
-            mac = json.loads(procs.run(["ip", "-n", topo.namespace(role), "-j", "link", "show", "dev",
-                                        ep.ifname]).stdout)[0]["address"]
             ifaces[ep.ifname] = {"toward": peer.role, "addr": ep.addr, "plen": ep.plen,
-                                 "peer_addr": peer.addr, "mac": mac}
-        hosts[role] = {"agent": f"unix:{state_dir / f'agent-{role}.sock'}",
-                       "namespace": topo.namespace(role), "interfaces": ifaces}
-    return {"kind": "netns", "prefix": topo.prefix, "token_file": str(token_file), "hosts": hosts}
+                                 "peer_addr": peer.addr, "mac": macs[(role, ep.ifname)]}
+        hosts[role] = {"agent": agents[role], "namespace": namespaces[role], "interfaces": ifaces}
+    return {"kind": kind, "prefix": topo.prefix, "token_file": str(token_file), "hosts": hosts}
+
+
+def link_mac(namespace: str, ifname: str) -> str:
+    return json.loads(procs.run(["ip", "-n", namespace, "-j", "link", "show", "dev", ifname]).stdout)[0]["address"]
+
+
+def build_inventory(topo: Topology, state_dir: Path, token_file: Path) -> dict:
+    macs = {(role, ep.ifname): link_mac(topo.namespace(role), ep.ifname)
+            for role in topo.roles for ep in topo.endpoints(role)}
+    return inventory_dict(topo, "netns", token_file, macs,
+                          {role: f"unix:{state_dir / f'agent-{role}.sock'}" for role in topo.roles},
+                          {role: topo.namespace(role) for role in topo.roles})
 
 
 def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, timeout_s: float = 60.0) -> dict:
@@ -102,18 +116,22 @@ def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, timeout_s: float =
         raise
 
 
-async def _wait_for_agents(inv: dict, token: bytes, timeout_s: float, sup: subprocess.Popen) -> None:
+async def _wait_for_agents(inv: dict, token: bytes, timeout_s: float, sup: subprocess.Popen,
+                           check: Callable[[], None] | None = None) -> None:
+    """Until every agent answers hello; `check` raises LabError when something it watches has died."""
     deadline = time.monotonic() + timeout_s
     for role, host in inv["hosts"].items():
         while True:
             if sup.poll() is not None:
                 raise LabError(f"lab supervisor exited ({sup.returncode}); see lab.log")
+            if check:
+                check()
             client = AgentClient(role, host["agent"], token)
             try:
                 await client.connect("tcplab-lab")
                 await client.close()
                 break
-            except (OSError, EOFError):
+            except (OSError, EOFError, TimeoutError, InvalidHandshake, ConnectionClosed):
                 if time.monotonic() > deadline:
                     raise LabError(f"agent {role} did not answer within {timeout_s:.0f}s") from None
                 await asyncio.sleep(0.2)

@@ -1,8 +1,11 @@
-"""Lab supervisor: starts one agent per lab namespace, keeps them as its children, reaps them, and
-stops them (by pid) on SIGTERM. Started detached by `tcplab lab up`; stopped by `tcplab lab down`."""
+"""Lab supervisor: starts one agent per lab namespace, plus the inventory's extra `processes` (the VM
+lab's QEMU), keeps them as its children, reaps them, and stops them (by pid) on SIGTERM. Started
+detached by `tcplab lab up`; stopped by `tcplab lab down`."""
 from __future__ import annotations
 
+import ctypes
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -21,11 +24,44 @@ def agent_argv(role: str, host: dict, token_file: str, prefix: str) -> list[str]
     return argv
 
 
+def start_processes(specs: list[dict]) -> dict[str, subprocess.Popen]:
+    """Extra children in order: {name, argv, pass_fds (inherited from `lab up`), ready_path (wait for it)}.
+    The supervisor closes its copy of each passed fd, so the child holds the only one."""
+    children = {}
+    for spec in specs:
+        fds = tuple(spec.get("pass_fds", ()))
+        children[spec["name"]] = subprocess.Popen(spec["argv"], stdin=subprocess.DEVNULL, pass_fds=fds)
+        for fd in fds:
+            os.close(fd)
+        deadline = time.monotonic() + 15
+        while spec.get("ready_path") and not Path(spec["ready_path"]).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return children
+
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def reap_orphans(known: set[int]) -> None:
+    """Reap exited descendants re-parented here (we are a child subreaper: PID 1 here reaps nothing),
+    leaving our own children (`known`) to their Popen objects."""
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if info is None or info.si_pid in known:
+            return
+        os.waitpid(info.si_pid, 0)
+
+
 def main(state_dir: str) -> int:
     inv = json.loads(inventory_path(Path(state_dir)).read_text())
-    children = {role: subprocess.Popen(agent_argv(role, host, inv["token_file"], inv["prefix"]),
-                                       stdin=subprocess.DEVNULL)
-                for role, host in inv["hosts"].items()}
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    children = start_processes(inv.get("processes", []))
+    children.update({role: subprocess.Popen(agent_argv(role, host, inv["token_file"], inv["prefix"]),
+                                            stdin=subprocess.DEVNULL)
+                     for role, host in inv["hosts"].items() if host.get("namespace")})
     (Path(state_dir) / "agents.json").write_text(json.dumps({r: p.pid for r, p in children.items()}))
     stopping = False
 
@@ -35,7 +71,9 @@ def main(state_dir: str) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    while not stopping and any(p.poll() is None for p in children.values()):
+    known = {p.pid for p in children.values()}
+    while not stopping and any([p.poll() is None for p in children.values()]):  # polls (reaps) every child
+        reap_orphans(known)
         time.sleep(0.2)
     for p in children.values():
         if p.poll() is None:
@@ -47,6 +85,13 @@ def main(state_dir: str) -> int:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+    deadline = time.monotonic() + 3  # grandchildren that outlived their parent (virtiofsd's sandbox)
+    while time.monotonic() < deadline:
+        try:
+            if os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG) is None:
+                time.sleep(0.05)
+        except ChildProcessError:
+            break
     return 0
 
 

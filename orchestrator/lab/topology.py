@@ -59,21 +59,22 @@ def netns_topology(prefix: str = PREFIX, net: str = "10.199") -> Topology:
     ))
 
 
-def build_argv(topo: Topology) -> list[list[str]]:
-    """Every command that builds the lab, in order (neighbour entries need MACs: see neigh_argv)."""
-    cmds = [["ip", "netns", "add", topo.namespace(r)] for r in topo.roles]
-    for r in topo.roles:
-        cmds.append(["ip", "-n", topo.namespace(r), "link", "set", "lo", "up"])
-    for link in topo.links:
-        a, b = link.a, link.b
-        cmds.append(["ip", "link", "add", a.ifname, "netns", topo.namespace(a.role), "type", "veth",
-                     "peer", "name", b.ifname, "netns", topo.namespace(b.role)])
-        for ep in (a, b):
-            ns = topo.namespace(ep.role)
-            cmds.append(["ip", "-n", ns, "addr", "add", f"{ep.addr}/{ep.plen}", "dev", ep.ifname])
-            cmds.append(["ip", "-n", ns, "link", "set", ep.ifname, "up"])
-    cmds.append(["ip", "netns", "exec", topo.namespace("aqm"), "sysctl", "-qw", "net.ipv4.ip_forward=1"])
-    # endpoints reach the far subnet through the aqm; no default route, so nothing leaves the lab
+def namespace_argv(topo: Topology, roles: tuple[str, ...] | None = None) -> list[list[str]]:
+    """Create the namespaces of `roles` (default: all) with loopback up."""
+    roles = roles or topo.roles
+    return ([["ip", "netns", "add", topo.namespace(r)] for r in roles]
+            + [["ip", "-n", topo.namespace(r), "link", "set", "lo", "up"] for r in roles])
+
+
+def address_argv(topo: Topology, ep: Endpoint) -> list[list[str]]:
+    ns = topo.namespace(ep.role)
+    return [["ip", "-n", ns, "addr", "add", f"{ep.addr}/{ep.plen}", "dev", ep.ifname],
+            ["ip", "-n", ns, "link", "set", ep.ifname, "up"]]
+
+
+def route_argv(topo: Topology) -> list[list[str]]:
+    """Endpoints reach the far subnet through the aqm; no default route, so nothing leaves the lab."""
+    cmds = []
     for link in topo.links:
         end = link.a if link.a.role != "aqm" else link.b
         router = topo.peer(end)
@@ -84,11 +85,27 @@ def build_argv(topo: Topology) -> list[list[str]]:
     return cmds
 
 
-def neigh_argv(topo: Topology, macs: dict[tuple[str, str], str]) -> list[list[str]]:
-    """Static neighbour entries for every data-path peer (G-ARP); macs[(role, ifname)] -> lladdr."""
+def build_argv(topo: Topology) -> list[list[str]]:
+    """Every command that builds the lab, in order (neighbour entries need MACs: see neigh_argv)."""
+    cmds = namespace_argv(topo)
+    for link in topo.links:
+        a, b = link.a, link.b
+        cmds.append(["ip", "link", "add", a.ifname, "netns", topo.namespace(a.role), "type", "veth",
+                     "peer", "name", b.ifname, "netns", topo.namespace(b.role)])
+        cmds += address_argv(topo, a) + address_argv(topo, b)
+    cmds.append(["ip", "netns", "exec", topo.namespace("aqm"), "sysctl", "-qw", "net.ipv4.ip_forward=1"])
+    return cmds + route_argv(topo)
+
+
+def neigh_argv(topo: Topology, macs: dict[tuple[str, str], str],
+               roles: tuple[str, ...] | None = None) -> list[list[str]]:
+    """Static neighbour entries for every data-path peer (G-ARP); macs[(role, ifname)] -> lladdr.
+    `roles` limits the entries to those namespaces (the VM lab's aqm configures its own)."""
     cmds = []
     for link in topo.links:
         for ep in (link.a, link.b):
+            if roles is not None and ep.role not in roles:
+                continue
             peer = topo.peer(ep)
             cmds.append(["ip", "-n", topo.namespace(ep.role), "neigh", "replace", peer.addr, "lladdr",
                          macs[(peer.role, peer.ifname)], "dev", ep.ifname, "nud", "permanent"])

@@ -1,0 +1,119 @@
+"""The VM lab's pure parts: package names, module closure, initramfs archive, guest config, QEMU argv."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.lab import vm, vm_guest, vm_image
+from orchestrator.lab.netns import LabError
+from orchestrator.lab.topology import netns_topology
+
+
+def test_newest_package_picks_the_highest_abi_of_the_flavour():
+    names = ["linux-image-6.1.0-9-amd64", "linux-image-6.1.0-56-amd64", "linux-image-6.1.0-56-cloud-amd64",
+             "linux-image-6.1.0-100-rt-amd64", "linux-image-6.12.12-amd64", "linux-image-amd64"]
+    assert vm_image.newest_package(names) == "linux-image-6.1.0-56-amd64"
+    assert vm_image.newest_package(names, flavour="cloud-amd64") == "linux-image-6.1.0-56-cloud-amd64"
+    assert vm_image.newest_package([]) is None
+
+
+@pytest.mark.parametrize("name", ["linux-image-amd64", "linux-image-6.1.0-56-amd64; rm -rf /", "nginx", ""])
+def test_check_package_refuses_anything_but_one_kernel_image(name):
+    with pytest.raises(vm_image.ImageError):
+        vm_image.check_package(name)
+
+
+def test_closure_lists_dependencies_first_and_names_missing_modules():
+    deps = vm_image.parse_modules_dep(
+        "kernel/fs/9p/9p.ko: kernel/fs/netfs/netfs.ko kernel/net/9p/9pnet.ko\n"
+        "kernel/net/9p/9pnet.ko:\nkernel/fs/netfs/netfs.ko: kernel/fs/fscache/fscache.ko\n"
+        "kernel/fs/fscache/fscache.ko:\nkernel/net/9p/9pnet_virtio.ko: kernel/net/9p/9pnet.ko\n")
+    order = vm_image.closure(deps, ["9pnet_virtio", "9p"])
+    assert order == ["kernel/net/9p/9pnet.ko", "kernel/net/9p/9pnet_virtio.ko", "kernel/fs/fscache/fscache.ko",
+                     "kernel/fs/netfs/netfs.ko", "kernel/fs/9p/9p.ko"]
+    with pytest.raises(vm_image.ImageError, match="sch_dualpi2"):
+        vm_image.closure(deps, ["sch_dualpi2"])
+
+
+def test_share_follows_the_kernel_config():
+    assert vm_image.share_for_config("CONFIG_9P_FS=m\nCONFIG_NET_9P_VIRTIO=m\nCONFIG_VIRTIO_FS=m\n") == "9p"
+    assert vm_image.share_for_config("# CONFIG_9P_FS is not set\nCONFIG_VIRTIO_FS=m\n") == "virtiofs"
+    with pytest.raises(vm_image.ImageError):
+        vm_image.share_for_config("CONFIG_EXT4_FS=y\n")
+
+
+def _read_newc(data: bytes) -> dict[str, tuple[int, bytes]]:
+    out, pos = {}, 0
+    while True:
+        assert data[pos:pos + 6] == b"070701"
+        fields = [int(data[pos + 6 + 8 * i:pos + 14 + 8 * i], 16) for i in range(13)]
+        mode, size, namesize = fields[1], fields[6], fields[11]
+        name = data[pos + 110:pos + 110 + namesize - 1].decode()
+        pos += 110 + namesize
+        pos += -pos % 4
+        if name == "TRAILER!!!":
+            return out
+        out[name] = (mode, data[pos:pos + size])
+        pos += size + (-size % 4)
+
+
+def test_initramfs_holds_init_busybox_devices_and_the_load_order():
+    entries = vm_image.initramfs_entries(b"BB", "6.1.0-1-amd64", {"kernel/a.ko": b"A"}, ["kernel/a.ko"],
+                                         {"modules.dep": b"kernel/a.ko:\n"})
+    files = _read_newc(vm_image.cpio_newc(entries))
+    assert files["init"] == (0o100755, vm_image.INIT_SCRIPT.encode())
+    assert files["bin/busybox"][1] == b"BB" and files["etc/tcplab/load"][1] == b"kernel/a.ko\n"
+    assert files["lib/modules/6.1.0-1-amd64/kernel/a.ko"][1] == b"A"
+    assert files["dev/console"][0] == 0o020600 and files["lib/modules/6.1.0-1-amd64"][0] == 0o040755
+
+
+def test_guest_config_names_interfaces_by_mac_with_static_neighbours():
+    topo = netns_topology("t")
+    cfg = vm.guest_config(topo, 4242, {"client": "aa:00:00:00:00:01", "server": "aa:00:00:00:00:02"})
+    by_name = {i["ifname"]: i for i in cfg["interfaces"]}
+    assert by_name["to-client"]["addr"] == "10.199.1.254"
+    assert by_name["to-client"]["neighbours"] == [["10.199.1.1", "aa:00:00:00:00:01"]]
+    assert by_name["to-server"]["neighbours"] == [["10.199.2.1", "aa:00:00:00:00:02"]]
+    assert cfg["sysctls"] == {"net.ipv4.ip_forward": "1"}
+    agent = cfg["agent"]
+    assert agent[agent.index("--listen") + 1] == "tcp://10.0.2.15:4242"
+    assert [agent[i + 1] for i, a in enumerate(agent) if a == "--interface"] == ["to-client", "to-server"]
+    cmds = vm_guest.setup_argv(cfg, {by_name["to-client"]["mac"]: "eth0", by_name["to-server"]["mac"]: "eth1",
+                                     by_name["ctl"]["mac"]: "eth2"})
+    assert ["ip", "link", "set", "dev", "eth1", "name", "to-server"] in cmds
+    assert ["ip", "neigh", "replace", "10.199.1.1", "lladdr", "aa:00:00:00:00:01", "dev", "to-client", "nud",
+            "permanent"] in cmds
+    with pytest.raises(SystemExit, match="no interface with MAC"):
+        vm_guest.setup_argv(cfg, {})
+
+
+def test_clock_estimate_takes_the_shortest_round_trip():
+    # (guest mono at send, host realtime, guest mono at receive)
+    assert vm_guest.clock_estimate([(0, 1_000_500, 1_000), (5_000, 1_000_000, 100_000)]) == 1_000_000
+
+
+def test_qemu_argv_keeps_the_control_channel_on_loopback_and_the_share_read_only(tmp_path):
+    image = vm_image.KernelImage("linux-image-6.1.0-1-amd64", "1", "6.1.0-1-amd64", "9p", Path("/k"), Path("/i"))
+    argv = vm.qemu_argv(image, "tcg", "console=ttyS0", tmp_path, "t-aqm", [(5, "52:54:00:00:00:01")], 4242)
+    joined = " ".join(argv)
+    assert "-nodefaults" in argv and "-no-reboot" in argv and argv[argv.index("-accel") + 1] == "tcg"
+    assert "readonly=on" in joined and "path=/," in joined
+    assert "user,id=ctl,restrict=on,ipv6=off,hostfwd=tcp:127.0.0.1:4242-10.0.2.15:4242" in joined
+    assert "tap,id=data0,fd=5" in joined and "mac=52:54:00:00:00:01,romfile=" in joined
+    assert f"file:{tmp_path / 'console.log'}" in argv
+
+
+def test_kernel_cmdline_refuses_paths_it_cannot_carry():
+    with pytest.raises(LabError):
+        vm.kernel_cmdline("9p", Path("/tmp/with space"), "/usr/bin/python3", Path("/repo"))
+    with pytest.raises(LabError, match="tmpfs"):
+        vm.kernel_cmdline("9p", Path("/run/x/guest"), "/usr/bin/python3", Path("/tmp/checkout"))
+    line = vm.kernel_cmdline("9p", Path("/run/x/guest"), "/v/bin/python", Path("/repo"))
+    assert "tcplab.guest=/run/x/guest tcplab.python=/v/bin/python tcplab.repo=/repo" in line
+
+
+def test_exec_requests_are_checked():
+    assert vm_guest.run_request({"argv": "ls"})["rc"] == 2
+    assert vm_guest.run_request({"argv": ["/nonexistent/tool"]})["rc"] == 127
+    assert vm_guest.run_request({"argv": ["true"]}) == {"rc": 0, "stdout": "", "stderr": ""}
