@@ -146,9 +146,7 @@ _DEFAULT_LIMIT_PACKETS = {"fq_codel": 10240, "codel": 1000, "pie": 1000, "fq_pie
 def queue_capacity_bytes(queue: Queue, refs: LinkRefs) -> int | None:
     """Largest backlog the leaf can hold (None when only memory bounds it, as for CAKE); a packet-limited
     queue is counted in full frames."""
-    if isinstance(queue, BfifoQueue):
-        return queue.limit.resolve(refs.rate_bit, refs.rtt_ns)
-    if isinstance(queue, RedQueue):
+    if isinstance(queue, (BfifoQueue, RedQueue)):   # a `Buffer`: bytes, time at the rate, or BDPs
         return queue.limit.resolve(refs.rate_bit, refs.rtt_ns)
     if isinstance(queue, CakeQueue):
         return None

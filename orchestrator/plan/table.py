@@ -92,11 +92,11 @@ def flat_params(r: RunSpec) -> dict[str, Any]:
     return dict(kv for k, v in r.params.items() if k not in skip for kv in _flat(k, v))
 
 
-def _values(runs: list[RunSpec], key: str) -> list[str]:
+def _values(runs: list[RunSpec], key: str, shown: dict[str, dict[str, Any]]) -> list[str]:
+    """Distinct texts of `key` over `runs`; `shown[run_id]` is the run's flattened params over its derived."""
     out: list[str] = []
     for r in runs:
-        params = flat_params(r)
-        text = cell_text(params[key] if key in params else r.derived.get(key))
+        text = cell_text(shown[r.run_id].get(key))
         if text not in out:
             out.append(text)
     return out
@@ -115,6 +115,8 @@ def study_table(runs: list[RunSpec]) -> tuple[list[str], list[list[str]], list[t
     header = [exp if cells_per_exp[exp] == 1 else f"{exp}.{cell + 1}" for exp, cell in columns]
     arms: list[Any] = []
     keys: list[str] = []
+    # flatten each run once: a params value wins over a derived one of the same name
+    shown = {r.run_id: {**r.derived, **flat_params(r)} for r in runs if r.repetition == 0}
     for r in runs:
         keys += [k for k in (*flat_params(r), *r.derived) if k not in keys]
         if r.params.get("arm") not in arms:
@@ -123,11 +125,11 @@ def study_table(runs: list[RunSpec]) -> tuple[list[str], list[list[str]], list[t
     fixed: list[tuple[str, str]] = []
     for key in keys:
         # None: the arm did not run in that column (it may share a row with any arm there)
-        per_arm = {a: tuple(" / ".join(_values([r for r in col if r.params.get("arm") == a], key)) or None
+        per_arm = {a: tuple(" / ".join(_values([r for r in col if r.params.get("arm") == a], key, shown)) or None
                             for col in columns.values()) for a in arms}
         differs = any(len({per_arm[a][i] for a in arms} - {None}) > 1 for i in range(len(columns)))
         if not differs:
-            row = tuple(" / ".join(_values(col, key)) for col in columns.values())
+            row = tuple(" / ".join(_values(col, key, shown)) for col in columns.values())
             if len(set(row)) == 1:
                 fixed.append((key, row[0]))
             else:
