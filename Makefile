@@ -4,7 +4,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 TCPLAB := $(VENV)/bin/tcplab
-APT_PKGS := iproute2 iputils-ping iperf3 tcpdump ethtool tshark python3 python3-venv python3-dev gcc make postgresql
+APT_PKGS := iproute2 iputils-ping iperf3 tcpdump ethtool tshark python3 python3-venv python3-dev gcc make postgresql chromium
 # the VM lab (`tcplab lab up --kind vm`): QEMU for the aqm guest, busybox for its initramfs
 VM_APT_PKGS := qemu-system-x86 busybox-static
 PG_ADMIN_URL ?= postgresql://postgres@127.0.0.1:5432/postgres

@@ -14,7 +14,8 @@ from pathlib import Path
 from websockets.asyncio.server import ServerConnection
 
 from agents.host.capabilities import probe
-from agents.host.state import HostStateExecutor, StateError
+from agents.host.executor import HostStateExecutor
+from agents.host.state import StateError
 from agents.session import AgentSession, Dispatch, encode_error, encode_event, encode_result
 from agents.tasks import TaskRunner, make_runner
 from schemas import protocol

@@ -236,9 +236,73 @@ class QdiscStats(TaskRunner):
         await asyncio.to_thread(self._poll)
 
 
+def ss_argv(ports: list[int], dst_addrs: list[str]) -> list[str]:
+    """`ss -tinH` with a filter on the peers, as separate argv words (ss joins them into its filter):
+    ( dport = :P or ... ) [and ( dst A or dst [V6] ... )]. -n keeps rates as integer bit/s."""
+    def any_of(terms: list[list[str]]) -> list[str]:
+        words = [w for i, t in enumerate(terms) for w in (["or"] if i else []) + t]
+        return ["(", *words, ")"]
+
+    argv = ["ss", "-tinH", *any_of([["dport", "=", f":{int(p)}"] for p in ports])]
+    addrs = [f"[{a}]" if ":" in a else a for a in dst_addrs]   # ss wants IPv6 in brackets
+    return argv + (["and", *any_of([["dst", a] for a in addrs])] if dst_addrs else [])
+
+
+class SsSample(TaskRunner):
+    """Polls `ss -tinH` every interval_ms until stop_ns. The artifact is each poll's literal output
+    after a line `@ <start_ns> <end_ns>` (CLOCK_REALTIME before the poll began and after ss exited),
+    appended as it comes (memory stays one poll). Parsed by orchestrator/ingest/ss.py. A poll that
+    overruns its slot skips the slots it overran (counted in meta `missed`), it never queues up."""
+
+    kind = "ss_sample"
+    artifact_kind = "ss"
+    out_name = "ss.txt"
+    poll_timeout_s = 5.0
+
+    def argv(self) -> list[str]:
+        return ss_argv(self.spec.ports, self.spec.dst_addrs)
+
+    async def _poll(self, argv: list[str]) -> tuple[int, int, bytes]:
+        a = time.time_ns()
+        proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.PIPE)
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), self.poll_timeout_s)
+        except TimeoutError:
+            await procs.terminate(proc)
+            raise RuntimeError(f"ss did not answer within {self.poll_timeout_s:g} s") from None
+        b = time.time_ns()
+        if proc.returncode != 0:
+            raise RuntimeError(f"ss exited {proc.returncode}: {err.decode(errors='replace').strip()[-300:]}")
+        return a, b, out
+
+    async def execute(self) -> None:
+        argv, interval = self.argv(), self.spec.interval_ms * 1_000_000
+        polls = missed = max_span = 0
+        self.meta["argv"] = argv
+        with open(self.run_dir / self.out_name, "wb") as fh:
+            fh.write(f"# {' '.join(argv)}\n".encode())
+            nxt = time.time_ns()
+            while nxt < self.spec.stop_ns and not self.stop_event.is_set():
+                a, b, out = await self._poll(argv)
+                fh.write(f"@ {a} {b}\n".encode() + out)
+                polls, max_span = polls + 1, max(max_span, b - a)
+                nxt += interval
+                now = time.time_ns()
+                if now >= nxt:
+                    skip = (now - nxt) // interval + 1
+                    missed, nxt = missed + skip, nxt + skip * interval
+                try:
+                    await asyncio.wait_for(self.stop_event.wait(), (min(nxt, self.spec.stop_ns) - now) / 1e9)
+                except TimeoutError:
+                    pass
+        self.meta.update({"polls": polls, "missed": missed, "max_span_ns": max_span,
+                          "interval_ms": self.spec.interval_ms})
+
+
 RUNNERS: dict[str, type[TaskRunner]] = {
     "iperf3_server": Iperf3Server, "iperf3_client": Iperf3Client, "capture": Capture,
-    "tcp_probe": TcpProbe, "qdisc_stats": QdiscStats,
+    "tcp_probe": TcpProbe, "qdisc_stats": QdiscStats, "ss_sample": SsSample,
 }
 
 

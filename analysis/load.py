@@ -1,8 +1,10 @@
-"""Reading ingested runs from the result DB into typed metadata and numpy arrays (the only DB reader).
+"""Reading ingested runs from the result DB into typed metadata and numpy arrays (the only DB reader
+besides analysis/select.py, which only resolves selectors to run ids).
 
 One run at a time: a run's packets are fetched column-wise in chunks straight into structured arrays
 (narrowed dtypes taken from orchestrator/ingest/records.py), so no per-packet Python objects outlive a
-chunk. Which capture point and which qdisc form "the bottleneck" is decided here from the run's spec.
+chunk. Which capture point and which qdisc form "the bottleneck", and which capture is on the sender
+side (for RTT, FCT and gaps), is decided here from the run's spec.
 """
 from __future__ import annotations
 
@@ -28,12 +30,22 @@ def _narrow(dtype: np.dtype, names: Sequence[str]) -> np.dtype:
 
 
 # Only what the metrics read (ports come from the run's `conn` rows, joined in).
-PACKET_FIELDS = ("ts_ns", "src_port", "dst_port", "seq", "payload_len", "ip_len")
+PACKET_FIELDS = ("ts_ns", "src_port", "dst_port", "seq", "payload_len", "ip_len", "ecn")
 PACKET_DTYPE = _narrow(records.PACKET, PACKET_FIELDS)
-QDISC_FIELDS = ("ts_ns", "handle", "parent", "kind", "drops", "backlog_bytes", "qlen")
+# Both directions of a flow at the sender-side capture: RTT from timestamps, FCT, gaps.
+SIDE_FIELDS = ("ts_ns", "src_port", "dst_port", "seq", "ack", "payload_len", "ip_len", "tcp_flags", "ecn",
+               "tsval", "tsecr")
+SIDE_DTYPE = _narrow(records.PACKET, SIDE_FIELDS)
+QDELAY_FIELDS = ("ts_in_ns", "sojourn_ns", "payload_len", "ce", "dropped")
+QDELAY_DTYPE = np.dtype(_narrow(records.QDELAY, QDELAY_FIELDS).descr + [("src_port", "i4"), ("dst_port", "i4")])
+QDISC_FIELDS = ("ts_ns", "handle", "parent", "kind", "packets", "drops", "backlog_bytes", "qlen")
 QDISC_DTYPE = _narrow(records.QDISC_SAMPLE, QDISC_FIELDS)
 PROBE_FIELDS = ("ts_ns", "sport", "dport", "snd_cwnd", "ssthresh", "srtt_us")
 PROBE_DTYPE = _narrow(records.TCP_PROBE, PROBE_FIELDS)
+SS_DTYPE = np.dtype([("ts_ns", "i8"), ("sport", "i4"), ("dport", "i4"), ("cwnd", "f8"), ("rtt_us", "f8"),
+                     ("dctcp_alpha", "f8")])
+"""ss samples (M-SS); NULL columns become NaN (e.g. dctcp_alpha of a non-DCTCP flow)."""
+NO_SS_SAMPLES = "no ss samples"
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,11 @@ class RunMeta:
     duration_s: float
     capture_point: str | None
     bottleneck: LinkRef | None
+    plan_name: str = ""
+    experiment: str = ""
+    repetition: int = 0
+    tags: tuple[str, ...] = ()
+    spec: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def cc(self) -> str:
@@ -93,6 +110,13 @@ class RunData:
     qdisc: np.ndarray = field(default_factory=lambda: np.empty(0, QDISC_DTYPE))
     qdisc_handle: str | None = None
     probe: np.ndarray = field(default_factory=lambda: np.empty(0, PROBE_DTYPE))
+    # detail (load_run(..., detail=True)): queue delay rows of the flows, both directions of each flow at
+    # the sender-side capture, ss samples (or why there are none)
+    qdelay: np.ndarray = field(default_factory=lambda: np.empty(0, QDELAY_DTYPE))
+    sender_point: str | None = None
+    sender_side: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    ss: np.ndarray = field(default_factory=lambda: np.empty(0, SS_DTYPE))
+    ss_note: str = NO_SS_SAMPLES
 
 
 # ---------------------------------------------------------------------------- spec interpretation
@@ -119,6 +143,19 @@ def bottleneck_of(spec: dict[str, Any]) -> tuple[str | None, LinkRef | None]:
     return point, link
 
 
+def sender_point_of(spec: dict[str, Any], sender: str, bottleneck_point: str | None) -> str | None:
+    """The capture point on the sender's side of the bottleneck, for one-clock timing (M-RTT a, M-FCT,
+    M-GAP): a capture on the sender itself, else the interface facing the sender (the aqm's ingress:
+    data before the queue, ACKs after the return path), else any other capture, else the bottleneck's."""
+    links = [c for c in (_link(c.get("link")) for c in spec.get("captures") or []) if c]
+    for wanted in (lambda c: c.host == sender, lambda c: c.toward == sender,
+                   lambda c: c.label != bottleneck_point):
+        hit = next((c.label for c in links if wanted(c)), None)
+        if hit is not None:
+            return hit
+    return bottleneck_point
+
+
 # ---------------------------------------------------------------------------- reading
 
 def _to_array(conn: Connection, stmt: sa.Select, dtype: np.dtype) -> np.ndarray:
@@ -137,7 +174,8 @@ def list_runs(conn: Connection, run_ids: Iterable[str] | None = None) -> list[Ru
     """Runs in the given order, or every complete run ordered by run_id (failed runs hold partial
     data that would mislead a table; ask for them by id to see them)."""
     r = T.run
-    stmt = sa.select(r.c.run_id, r.c.status, r.c.params, r.c.spec, r.c.t0_ns, r.c.duration_s)
+    stmt = sa.select(r.c.run_id, r.c.status, r.c.params, r.c.spec, r.c.t0_ns, r.c.duration_s, r.c.plan_name,
+                     r.c.experiment, r.c.repetition, r.c.tags)
     if run_ids is None:
         stmt = stmt.where(r.c.status == "complete").order_by(r.c.run_id)
     else:
@@ -148,7 +186,9 @@ def list_runs(conn: Connection, run_ids: Iterable[str] | None = None) -> list[Ru
         point, link = bottleneck_of(row.spec or {})
         metas[row.run_id] = RunMeta(run_id=row.run_id, status=row.status, params=dict(row.params or {}),
                                     t0_ns=row.t0_ns, duration_s=row.duration_s,
-                                    capture_point=point, bottleneck=link)
+                                    capture_point=point, bottleneck=link, plan_name=row.plan_name,
+                                    experiment=row.experiment, repetition=row.repetition,
+                                    tags=tuple(str(t) for t in row.tags or ()), spec=dict(row.spec or {}))
     if run_ids is None:
         return list(metas.values())
     missing = [i for i in wanted if i not in metas]
@@ -193,23 +233,31 @@ def _pick_interface(interfaces: list[str], link: LinkRef | None) -> str:
     return interfaces[0]
 
 
-def pick_root_handle(samples: np.ndarray) -> str | None:
-    """The handle carrying the interface's total backlog: the root qdisc (htb/tbf count their
-    children's backlog), else, if no sample is marked root, the handle with the largest summed
-    backlog."""
+def pick_queue_handle(samples: np.ndarray) -> str | None:
+    """The handle carrying the bottleneck queue's backlog: the root qdisc (htb/tbf count their children's
+    backlog), stepping below any netem, whose backlog is its delay line (packets on the emulated wire, not
+    queued: netem 10 ms at 20 Mbit/s holds 25 kB). Without a root sample: the largest summed backlog."""
     if samples.size == 0:
         return None
     roots = sorted(set(samples["handle"][np.isin(samples["parent"], sorted(ROOT_PARENTS))]))
-    if roots:
-        return str(roots[0])
-    handles = np.unique(samples["handle"])
-    totals = [samples["backlog_bytes"][samples["handle"] == h].sum() for h in handles]
-    return str(handles[int(np.argmax(totals))])
+    if not roots:
+        handles = np.unique(samples["handle"])
+        totals = [samples["backlog_bytes"][samples["handle"] == h].sum() for h in handles]
+        return str(handles[int(np.argmax(totals))])
+    kinds = dict(zip(samples["handle"].tolist(), samples["kind"].tolist(), strict=True))
+    parents = dict(zip(samples["handle"].tolist(), samples["parent"].tolist(), strict=True))
+    handle = str(roots[0])
+    while kinds.get(handle) == "netem":
+        children = sorted(h for h, parent in parents.items() if parent.startswith(handle) and h != handle)
+        if not children:
+            break
+        handle = children[0]
+    return handle
 
 
 def load_bottleneck_qdisc(conn: Connection, run_id: str,
                           link: LinkRef | None) -> tuple[str | None, np.ndarray]:
-    """(handle, time-ordered samples) of the bottleneck's root qdisc; (None, empty) if none stored."""
+    """(handle, time-ordered samples) of the bottleneck queue (pick_queue_handle); (None, empty) if none."""
     q = T.qdisc_sample
     where = [q.c.run_key == _run_key(conn, run_id)]
     pairs = conn.execute(sa.select(q.c.host, q.c.interface).where(*where).distinct()).all()
@@ -221,7 +269,7 @@ def load_bottleneck_qdisc(conn: Connection, run_id: str,
     where += [q.c.host == host, q.c.interface == iface]
     stmt = sa.select(*(q.c[n] for n in QDISC_FIELDS)).where(*where).order_by(q.c.ts_ns)
     samples = _to_array(conn, stmt, QDISC_DTYPE)
-    handle = pick_root_handle(samples)
+    handle = pick_queue_handle(samples)
     return handle, samples[samples["handle"] == handle]
 
 
@@ -235,6 +283,58 @@ def load_probe(conn: Connection, run_id: str, dports: Sequence[int] | None = Non
     return _to_array(conn, stmt, PROBE_DTYPE)
 
 
+def load_qdelay(conn: Connection, run_id: str, dst_ports: Sequence[int]) -> np.ndarray:
+    """Queue-delay rows (paired aqm captures) of the connections to the given receiver ports, by
+    arrival time at the queue, with their ingress conn's ports joined in."""
+    q, c = T.qdelay, T.conn
+    # a dropped packet has NULL sojourn: -1 keeps the column integer (the `dropped` flag says which)
+    cols = [sa.func.coalesce(q.c[n], -1) if n == "sojourn_ns" else q.c[n] for n in QDELAY_FIELDS]
+    cols += [c.c.src_port, c.c.dst_port]
+    stmt = (sa.select(*cols).select_from(q.join(c, sa.and_(c.c.run_key == q.c.run_key, c.c.conn_id == q.c.conn_id)))
+            .where(q.c.run_key == _run_key(conn, run_id), c.c.dst_port.in_(list(dst_ports)))
+            .order_by(q.c.ts_in_ns))
+    return _to_array(conn, stmt, QDELAY_DTYPE)
+
+
+def load_side_packets(conn: Connection, run_id: str, point: str, ports: Sequence[int]) -> np.ndarray:
+    """Every packet (both directions, handshake included) at a capture point whose source or
+    destination port is one of the receiver ports, by time."""
+    p, c = T.packet, T.conn
+    cols = [c.c[n] if n in ("src_port", "dst_port") else p.c[n] for n in SIDE_FIELDS]
+    ports = list(ports)
+    stmt = (sa.select(*cols).select_from(p.join(c, sa.and_(c.c.run_key == p.c.run_key, c.c.conn_id == p.c.conn_id)))
+            .where(p.c.run_key == _run_key(conn, run_id), c.c.point == point,
+                   sa.or_(c.c.dst_port.in_(ports), c.c.src_port.in_(ports)))
+            .order_by(p.c.ts_ns))
+    return _to_array(conn, stmt, SIDE_DTYPE)
+
+
+def ss_table(conn: Connection) -> sa.Table | None:
+    """The `ss_sample` table if this schema and this database have it (it is being added to the schema
+    separately; older databases lack it), else None."""
+    if "ss_sample" not in sa.inspect(conn).get_table_names():
+        return None
+    known = T.metadata.tables.get("ss_sample")
+    return known if known is not None else sa.Table("ss_sample", sa.MetaData(), autoload_with=conn)
+
+
+def load_ss(conn: Connection, run_id: str, dports: Sequence[int]) -> tuple[np.ndarray, str]:
+    """(ss samples of the flows' sender sockets, note). The note says why there are none: no ss_sample
+    table, or no rows for this run; it is empty when samples were found."""
+    t = ss_table(conn)
+    if t is None:
+        return np.empty(0, SS_DTYPE), f"{NO_SS_SAMPLES} (the database has no ss_sample table)"
+    key = t.c.run_key == _run_key(conn, run_id) if "run_key" in t.c else t.c.run_id == run_id
+    cols = [t.c[n] if n in t.c else sa.null() for n in SS_DTYPE.names]
+    stmt = sa.select(*cols).where(key, t.c.dport.in_(list(dports))).order_by(t.c.ts_ns)
+    rows = conn.execute(stmt).all()
+    arr = np.empty(len(rows), SS_DTYPE)
+    if rows:
+        for name, column in zip(SS_DTYPE.names, zip(*rows, strict=True), strict=True):
+            arr[name] = [np.nan if v is None else v for v in column]
+    return arr, ("" if rows else f"{NO_SS_SAMPLES} (none recorded for this run)")
+
+
 def dominant_port(ports: np.ndarray, weights: np.ndarray) -> int | None:
     """The port carrying the most weight (bytes or events), or None if there is none.
 
@@ -246,8 +346,9 @@ def dominant_port(ports: np.ndarray, weights: np.ndarray) -> int | None:
     return int(uniq[int(np.argmax(np.bincount(inverse, weights=weights)))])
 
 
-def load_run(conn: Connection, meta: RunMeta) -> RunData:
-    """Flows, per-flow bottleneck packets, bottleneck qdisc samples and tcp_probe events of one run.
+def load_run(conn: Connection, meta: RunMeta, detail: bool = False) -> RunData:
+    """Flows, per-flow bottleneck packets, bottleneck qdisc samples and tcp_probe events of one run;
+    with detail also the flows' queue-delay rows, sender-side packets (data, acks) and ss samples.
 
     A flow whose src_port is NULL gets the dominant sender port among packets (else tcp_probe events)
     to its receiver port, so the iperf3 control connection never mixes into the data flow.
@@ -271,12 +372,35 @@ def load_run(conn: Connection, meta: RunMeta) -> RunData:
         resolved.append(replace(f, src_port=sport))
         packets[f.flow_id] = pkts[to_f & (pkts["src_port"] == sport)] if sport is not None else pkts[to_f]
     handle, qdisc = load_bottleneck_qdisc(conn, meta.run_id, meta.bottleneck)
-    return RunData(meta=meta, flows=resolved, packets=packets, qdisc=qdisc, qdisc_handle=handle,
-                   probe=probe)
+    data = RunData(meta=meta, flows=resolved, packets=packets, qdisc=qdisc, qdisc_handle=handle, probe=probe)
+    return _with_detail(conn, data) if detail and resolved else data
 
 
-def iter_runs(engine: Engine, run_ids: Iterable[str] | None = None) -> Iterable[RunData]:
+def _own(arr: np.ndarray, f: FlowInfo, ports: str) -> np.ndarray:
+    """Rows of one flow's connection: `ports` names the (sender, receiver) port fields' order."""
+    a, b = ("src_port", "dst_port") if ports == "data" else ("dst_port", "src_port")
+    mask = arr[b] == f.dst_port
+    return arr[mask & (arr[a] == f.src_port)] if f.src_port is not None else arr[mask]
+
+
+def _with_detail(conn: Connection, data: RunData) -> RunData:
+    meta, flows = data.meta, data.flows
+    ports = [f.dst_port for f in flows]
+    qdelay = load_qdelay(conn, meta.run_id, ports)
+    qdelay = np.concatenate([_own(qdelay, f, "data") for f in flows]) if flows else qdelay
+    senders = sorted({f.src_host for f in flows})
+    point = sender_point_of(meta.spec, senders[0], meta.capture_point) if senders else None
+    side: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    if point is not None:
+        pkts = load_side_packets(conn, meta.run_id, point, ports)
+        side = {f.flow_id: (_own(pkts, f, "data"), _own(pkts, f, "ack")) for f in flows}
+    ss, note = load_ss(conn, meta.run_id, ports)
+    return replace(data, qdelay=qdelay[np.argsort(qdelay["ts_in_ns"], kind="stable")], sender_point=point,
+                   sender_side=side, ss=ss, ss_note=note)
+
+
+def iter_runs(engine: Engine, run_ids: Iterable[str] | None = None, detail: bool = False) -> Iterable[RunData]:
     """Load runs one after another, so only one run's arrays are in memory at a time."""
     with engine.connect() as conn:
         for meta in list_runs(conn, run_ids):
-            yield load_run(conn, meta)
+            yield load_run(conn, meta, detail)

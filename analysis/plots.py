@@ -16,7 +16,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from analysis.metrics import BinnedSeries
+from analysis.metrics import BinnedSeries, BoxStats
 
 MAX_COLS = 2
 PANEL_SIZE_IN = (6.0, 3.2)
@@ -102,4 +102,76 @@ def backlog_png(runs: Sequence[RunSeries]) -> bytes:
         ax.set_ylabel("backlog (KB)")
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+# ---------------------------------------------------------------------------- generic series, CDF, boxes
+
+@dataclass(frozen=True)
+class Panel:
+    """One panel of a time-series figure: title and label -> (t in s, values); NaN values are gaps."""
+
+    title: str
+    lines: dict[str, tuple[np.ndarray, np.ndarray]]
+
+
+def timeseries_png(panels: Sequence[Panel], ylabel: str, steps: bool = False) -> bytes:
+    """One panel per run, one line per label (queue delay, cwnd ...); steps for sampled state."""
+    fig, axes = _grid(len(panels))
+    for ax, panel in zip(axes, panels, strict=True):
+        drawn = False
+        for label, (t, v) in panel.lines.items():
+            if t.size and np.isfinite(v).any():
+                ax.plot(t, v, label=label, linewidth=0.9, drawstyle="steps-post" if steps else "default")
+                drawn = True
+        if not drawn:
+            _no_data(ax)
+        elif len(panel.lines) > 1:
+            ax.legend(fontsize=7, loc="upper right")
+        ax.set_title(panel.title, fontsize=9)
+        ax.set_xlabel("time since t0 (s)")
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def cdf_png(curves: dict[str, np.ndarray], xlabel: str, title: str) -> bytes:
+    """Empirical CDFs from quantile sketches (values at probabilities linspace(0, 1, n)), one axes."""
+    fig, (ax,) = _grid(1)
+    drawn = False
+    for label, sketch in curves.items():
+        if sketch.size > 1:
+            ax.plot(sketch, np.linspace(0.0, 1.0, sketch.size), label=label, linewidth=1.0)
+            drawn = True
+    if not drawn:
+        _no_data(ax)
+    elif len(curves) <= 12:
+        ax.legend(fontsize=6, loc="lower right")
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("CDF")
+    ax.set_ylim(0, 1)
+    ax.set_xlim(left=0)
+    ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def box_png(boxes: dict[str, BoxStats], ylabel: str, title: str) -> bytes:
+    """Tukey boxes from precomputed statistics (no fliers drawn: the samples are sketches)."""
+    width = max(PANEL_SIZE_IN[0], 0.6 * len(boxes) + 1.5)
+    fig = Figure(figsize=(width, PANEL_SIZE_IN[1] + 1.2), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    stats = [{"label": label, "q1": b.q1, "med": b.median, "q3": b.q3, "whislo": b.whisker_lo,
+              "whishi": b.whisker_hi} for label, b in boxes.items() if b.n > 0]
+    if stats:
+        ax.bxp(stats, showfliers=False)
+        ax.tick_params(axis="x", labelrotation=60, labelsize=7)
+    else:
+        _no_data(ax)
+    ax.set_title(title, fontsize=9)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3, axis="y")
     return _png(fig)

@@ -1,26 +1,46 @@
-"""The HTML report: the run table, per-flow throughput and backlog plots, and runs.csv beside it.
+"""The HTML report and its CSV/Parquet tables for a selection of runs (effects at the edge).
 
-The report is one self-contained file (PNGs embedded as base64 data URIs) so it can be mailed or
-archived with the results. Runs are loaded one at a time; only their summary row and binned series
-are kept.
+`build_report` is pure (analysed runs in, page text and tables out); `write_report` loads runs one at a
+time from the DB (analysis/load.py), analyses each (analysis/runstats.py), keeps only summaries and
+downsampled series, and writes out_dir/report.html (self-contained: PNGs embedded as data URIs),
+out_dir/runs.csv (the run table) and out_dir/tables/<name>.csv (+ .parquet when pyarrow is installed).
+What every table and plot means: docs/reports.md.
 """
 from __future__ import annotations
 
 import base64
-import csv
 import html
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
 from sqlalchemy.engine import Engine
 
 from analysis import metrics
+from analysis.export import parquet_available, write_tables
 from analysis.load import RunData, iter_runs
-from analysis.plots import RunSeries, backlog_png, throughput_png
-from analysis.summary import COLUMNS, CSV_FIELDS, RunRow, csv_record, fmt_rate, summarise, table_cells
+from analysis.plots import Panel, RunSeries, backlog_png, box_png, cdf_png, throughput_png, timeseries_png
+from analysis.runstats import SERIES_BIN_NS, RunAnalysis, analyse
+from analysis.summary import COLUMNS, CSV_FIELDS, RunRow, csv_record, fmt_rate, table_cells
+from analysis.tables import (
+    Table,
+    aqm_label,
+    arm_labels,
+    convergence_table,
+    flows_table,
+    qdelay_tables,
+    runs_table,
+    series_tables,
+    utilisation_table,
+)
 
 DEFAULT_BIN_NS = 100_000_000   # 100 ms: the timer-based default of M-TPUT
+MAX_RUN_PANELS = 24
+"""Per-run figures draw at most this many runs (one panel each); the CSVs hold every run."""
+TABLES_DIR = "tables"
 
 
 def run_title(row: RunRow) -> str:
@@ -63,48 +83,147 @@ def run_series(data: RunData, row: RunRow, bin_ns: int = DEFAULT_BIN_NS) -> RunS
                      qdisc_label=f"{kind} {data.qdisc_handle}" if data.qdisc_handle else "")
 
 
+# ---------------------------------------------------------------------------- HTML pieces
+
 def _img(png: bytes, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
 
 
-def render_html(rows: Sequence[RunRow], series: Sequence[RunSeries], bin_ns: int = DEFAULT_BIN_NS) -> str:
-    """The report page. Pure: rows and series in, HTML text out."""
+def fmt_cell(value: object) -> str:
+    """A table value for people: '–' for no data, floats to a precision that suits their size."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        mag = abs(value)
+        return f"{value:.0f}" if mag >= 100 else f"{value:.2f}" if mag >= 1 else f"{value:.4f}"
+    return str(value)
+
+
+def table_html(t: Table, link: str | None = None) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in t.columns)
+    body = "\n".join("<tr>" + "".join(
+        f'<td class="{"num" if isinstance(v, int | float) and not isinstance(v, bool) else ""}">'
+        f"{html.escape(fmt_cell(v))}</td>" for v in row) + "</tr>" for row in t.rows)
+    note = f'<p class="note">{html.escape(t.note)}' if t.note else '<p class="note">'
+    note += f' <a href="{html.escape(link)}">{html.escape(link)}</a></p>' if link else "</p>"
+    return (f'<h3>{html.escape(t.title)}</h3>\n{note}\n<table class="{t.name}"><thead><tr>{head}</tr></thead>'
+            f"<tbody>\n{body}\n</tbody></table>")
+
+
+def _compact(t: Table, keep: Sequence[str]) -> Table:
+    """The same table with only some columns (the HTML shows fewer than the CSV holds)."""
+    idx = [t.columns.index(c) for c in keep]
+    return Table(t.name, t.title, tuple(keep), tuple(tuple(r[i] for i in idx) for r in t.rows), t.note)
+
+
+@dataclass(frozen=True)
+class Figure:
+    heading: str
+    png: bytes
+    alt: str
+
+
+def figures(results: Sequence[RunAnalysis], series: Sequence[RunSeries], bin_ns: int) -> list[Figure]:
+    """Every plot of the report, in page order."""
+    shown = list(series[:MAX_RUN_PANELS])
+    shown_results = list(results[:MAX_RUN_PANELS])
+    if not shown:
+        return []
+    out = [Figure(f"Per-flow goodput over time ({bin_ns / 1e6:g} ms bins)", throughput_png(shown),
+                  "per-flow goodput over time"),
+           Figure("Bottleneck backlog over time", backlog_png(shown), "backlog over time")]
+    step = SERIES_BIN_NS / 1e9
+    qd_panels = [Panel(run_title(r.row), {"queue delay": (np.arange(r.qdelay_series_us.size) * step,
+                                                          r.qdelay_series_us / 1e3)}) for r in shown_results]
+    out.append(Figure("Queue delay over time (mean per 10 ms, per-packet sojourn)",
+                      timeseries_png(qd_panels, "queue delay (ms)"), "queue delay over time"))
+    cw_panels = [Panel(run_title(r.row), {f"flow {k}": (np.arange(v.size) * step, v)
+                                          for k, v in r.cwnd_series.items()}) for r in shown_results]
+    out.append(Figure("cwnd over time (tcp_probe, last value per 10 ms)",
+                      timeseries_png(cw_panels, "cwnd (segments)", steps=True), "cwnd over time"))
+    out.append(Figure("Queue delay CDF (analysis window)",
+                      cdf_png({r.run_id: r.qdelay_sketch_us / 1e3 for r in results}, "queue delay (ms)",
+                              "per-packet queue delay"), "queue delay CDF"))
+    arms = arm_labels(results)
+    several_aqms = len({aqm_label(r.data_meta.params, r.data_meta.spec) for r in results}) > 1
+    pooled: dict[str, list[np.ndarray]] = {}
+    for r in results:
+        m = r.data_meta
+        label = f"{m.experiment} {arms[r.run_id]}" + (f" {aqm_label(m.params, m.spec)}" if several_aqms else "")
+        pooled.setdefault(label, []).append(r.qdelay_sketch_us / 1e3)
+    boxes = {k: metrics.box_stats(np.concatenate(v)) for k, v in pooled.items()}
+    out.append(Figure("Queue delay across the matrix (experiment × arm, repetitions pooled)",
+                      box_png(boxes, "queue delay (ms)", "queue delay per experiment and arm"),
+                      "queue delay box plot"))
+    return out
+
+
+def build_report(results: Sequence[RunAnalysis], series: Sequence[RunSeries], title: str = "tcplab report",
+                 bin_ns: int = DEFAULT_BIN_NS, generated: str | None = None) -> tuple[str, list[Table]]:
+    """(page HTML, tables to write). Pure apart from the clock when `generated` is not given."""
+    rows = [r.row for r in results]
     head = "".join(f"<th>{html.escape(c.header)}</th>" for c in COLUMNS)
     body = "\n".join(
         "<tr>" + "".join(f'<td class="{"num" if c.numeric else ""}">{html.escape(v)}</td>'
                          for c, v in zip(COLUMNS, cells, strict=True)) + "</tr>"
         for cells in table_cells(rows))
-    plots = ""
-    if series:
-        plots = (f"<h2>Per-flow goodput over time ({bin_ns / 1e6:g} ms bins)</h2>\n"
-                 f"{_img(throughput_png(series), 'per-flow goodput over time')}\n"
-                 f"<h2>Bottleneck backlog over time</h2>\n{_img(backlog_png(series), 'backlog over time')}")
-    generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>tcplab report</title>
+    study = [*qdelay_tables(results), utilisation_table(results), convergence_table(results)]
+    detail, flows = runs_table(results), flows_table(results)
+    tables = [*study, detail, flows, *series_tables(results)]
+
+    def link(t: Table) -> str:
+        return f"{TABLES_DIR}/{t.name}.csv"
+
+    sections = "\n".join(table_html(t, link(t)) for t in study)
+    sections += "\n" + table_html(_compact(detail, ("run_id", "window", "window_s", "util_wire", "util_payload",
+                                                    "qdelay_us_mean", "qdelay_us_p99", "jain", "qdisc_drop_rate",
+                                                    "notes")), link(detail))
+    sections += "\n" + table_html(_compact(flows, ("run_id", "flow_id", "cc", "goodput_bps", "qdelay_us_mean",
+                                                   "rtt_median_us", "srtt_mean_us", "cwnd_mean", "ce_fraction",
+                                                   "aqm_dropped", "retransmissions", "fct_s", "gap_median_us",
+                                                   "dctcp_alpha_mean", "convergence_s")), link(flows))
+    figs = figures(results, series, bin_ns)
+    plots = "\n".join(f"<h2>{html.escape(f.heading)}</h2>\n{_img(f.png, f.alt)}" for f in figs)
+    if len(results) > MAX_RUN_PANELS:
+        plots = (f'<p class="note">Per-run figures show the first {MAX_RUN_PANELS} of {len(results)} runs; '
+                 f"the CSV tables hold every run.</p>\n") + plots
+    generated = generated or datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    formats = "CSV and Parquet" if parquet_available() else "CSV (Parquet needs pyarrow)"
+    page = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>
 body {{ font-family: sans-serif; margin: 1.5em; }}
-table {{ border-collapse: collapse; font-size: 0.9em; }}
-th, td {{ border: 1px solid #ccc; padding: 0.25em 0.5em; }}
+table {{ border-collapse: collapse; font-size: 0.85em; margin-bottom: 1em; }}
+th, td {{ border: 1px solid #ccc; padding: 0.2em 0.45em; }}
 th {{ background: #f0f0f0; }} td.num {{ text-align: right; font-variant-numeric: tabular-nums; }}
 img {{ max-width: 100%; }} .note {{ color: #555; font-size: 0.85em; }}
 </style></head><body>
-<h1>tcplab report</h1>
+<h1>{html.escape(title)}</h1>
 <p class="note">{len(rows)} run(s); generated {generated}. Goodput at the capture point downstream of the
 bottleneck (bytes advancing the highest sequence number, over each flow's active span); backlog of the
-bottleneck root qdisc over the data window; p99 by {metrics.PERCENTILE_METHOD} interpolation;
-KB = 1000 bytes. Table as CSV: <a href="runs.csv">runs.csv</a>.</p>
+bottleneck root qdisc over the data window; queue delay = per-packet sojourn from paired aqm captures over
+each run's analysis window; percentiles by {metrics.PERCENTILE_METHOD} interpolation; KB = 1000 bytes.
+Tables as {formats} in <a href="{TABLES_DIR}/">{TABLES_DIR}/</a>; run table: <a href="runs.csv">runs.csv</a>.</p>
 <h2>Runs</h2>
-<table><thead><tr>{head}</tr></thead>
+<table class="runs"><thead><tr>{head}</tr></thead>
 <tbody>
 {body}
 </tbody></table>
+<h2>Result tables</h2>
+{sections}
 {plots}
 </body></html>
 """
+    return page, tables
 
 
-def write_csv(rows: Sequence[RunRow], path: Path) -> Path:
+# ---------------------------------------------------------------------------- effects
+
+def write_runs_csv(rows: Sequence[RunRow], path: Path) -> Path:
+    import csv
+
     with path.open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(CSV_FIELDS))
         writer.writeheader()
@@ -114,18 +233,20 @@ def write_csv(rows: Sequence[RunRow], path: Path) -> Path:
 
 
 def write_report(engine: Engine, out_dir: Path, run_ids: list[str] | None = None,
-                 bin_ns: int = DEFAULT_BIN_NS) -> Path:
-    """Write out_dir/report.html and out_dir/runs.csv for the runs (default: every complete run)."""
+                 bin_ns: int = DEFAULT_BIN_NS, title: str = "tcplab report") -> Path:
+    """Write out_dir/report.html, out_dir/runs.csv and out_dir/tables/ for the runs (default: every
+    complete run)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    rows: list[RunRow] = []
+    results: list[RunAnalysis] = []
     series: list[RunSeries] = []
-    for data in iter_runs(engine, run_ids):
-        row = summarise(data)
-        rows.append(row)
-        series.append(run_series(data, row, bin_ns))
-    write_csv(rows, out_dir / "runs.csv")
+    for data in iter_runs(engine, run_ids, detail=True):
+        result = analyse(data)
+        results.append(result)
+        series.append(run_series(data, result.row, bin_ns))
+    page, tables = build_report(results, series, title, bin_ns)
+    write_runs_csv([r.row for r in results], out_dir / "runs.csv")
+    write_tables(tables, out_dir / TABLES_DIR)
     path = out_dir / "report.html"
-    path.write_text(render_html(rows, series, bin_ns), encoding="utf-8")
+    path.write_text(page, encoding="utf-8")
     return path
-

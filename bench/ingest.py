@@ -1,6 +1,7 @@
 """Benchmark: tcplab read + ingest of a capture into PostgreSQL vs `tshark -T fields`, in one run.
 
-Usage: .venv/bin/python bench/ingest.py [PCAP] [--packets N] [--tshark-count N] [--big] [--pg URL]
+Usage: .venv/bin/python bench/ingest.py [PCAP] [--packets N] [--tshark-count N] [--big] [--one-core CPU]
+                                       [--pg URL]
 
 Without PCAP it synthesises a realistic capture first (orchestrator/ingest/synth.py: 16 bulk TCP
 flows through a 600 Mbit/s bottleneck, full-size data segments with timestamps and ECN, one ACK per
@@ -9,9 +10,13 @@ two segments; N data packets, default 2,000,000 -> about 3 M packets). Then, mea
   database (created and dropped here; admin URL from --pg, TCPLAB_BENCH_PG, TCPLAB_TEST_PG or
   postgresql://postgres@127.0.0.1:5432/postgres) with write_run, i.e. read, conn ids, binary COPY
   into a new partition, BRIN index, attach and commit; packets/s and the child's peak RSS;
+  also the CPU seconds of the ingest process and of its PostgreSQL backend (which bound the rate on
+  a machine with spare cores), and the load average (other jobs share the cores);
 - tshark reading the same fields to /dev/null. At ~30 k packets/s tshark would take minutes on the
   whole file, so it reads the first --tshark-count packets (default 200,000) and its rate is taken
   on that prefix (the output says so).
+--one-core CPU pins the ingest process and its PostgreSQL backend to one CPU: the rate when both share
+a single core (their CPU seconds add up) instead of running side by side on two.
 --big additionally synthesises a >= 2 GB capture and reports the streaming ingest's peak RSS on it.
 The last line is: ingest: <tcplab pkts/s> pkts/s, tshark <pkts/s> pkts/s, ratio <r>, rss <MB> MB
 """
@@ -50,28 +55,44 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def ingest_child(pcap: Path, url: str) -> None:
-    """Runs in a child process: one write_run of the capture; prints a JSON line with the numbers."""
-    from orchestrator.ingest.pcap import PcapReader
+def cpu_seconds(pid: int | str = "self") -> float:
+    """utime + stime of a process on this host, from /proc (PostgreSQL backends are local here)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def ingest_child(pcap: Path, url: str, one_core: int | None = None) -> None:
+    """Runs in a child process: one write_run of the capture; prints a JSON line with the numbers: wall
+    time, and the CPU time of this process and of the PostgreSQL backend that did the COPY (where that
+    time goes, whatever else the machine is running)."""
+    from sqlalchemy import text
+
+    from orchestrator.ingest.pcap import PcapReader, decoder_kind
     from orchestrator.storage.db import open_db
     from orchestrator.storage.ingest import RunIngest, write_run
 
     engine = open_db(url)
+    with engine.connect() as conn:   # the pool hands this one connection to write_run
+        backend = int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+    if one_core is not None:   # this process, its COPY writer thread and its backend share one CPU
+        os.sched_setaffinity(0, {one_core})
+        os.sched_setaffinity(backend, {one_core})
     reader = PcapReader(pcap)
     run = {"run_id": "bench-0000", "plan_sha256": None, "plan_name": "bench", "experiment": "bench",
            "repetition": 0, "seed": 0, "status": "complete", "params": {}, "derived": {}, "spec": {},
            "tags": ["bench"], "t0_ns": None, "duration_s": 0.0, "started_at": dt.datetime.now(dt.UTC),
            "finished_at": None, "error": None, "flags": []}
-    t = time.perf_counter()
+    t, cpu, cpu_pg = time.perf_counter(), cpu_seconds(), cpu_seconds(backend)
     counts = write_run(engine, RunIngest(run=run, packets=[("bench:egress", reader)]))
     elapsed = time.perf_counter() - t
+    cpu, cpu_pg = cpu_seconds() - cpu, cpu_seconds(backend) - cpu_pg
     engine.dispose()
     print(json.dumps({"packets": counts.packet, "seconds": elapsed, "conns": counts.conn,
-                      "rss_mb": peak_rss_mb(),
+                      "rss_mb": peak_rss_mb(), "cpu_s": cpu, "cpu_pg_s": cpu_pg, "decoder": decoder_kind(),
                       "records": reader.stats.records if reader.stats else None}))
 
 
-def run_ingest(pcap: Path, admin: str) -> dict:
+def run_ingest(pcap: Path, admin: str, one_core: int | None = None) -> dict:
     """Create a throwaway database, ingest into it in a child process, drop it; the child's numbers."""
     import psycopg
     from sqlalchemy.engine import make_url
@@ -81,8 +102,8 @@ def run_ingest(pcap: Path, admin: str) -> dict:
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
         url = make_url(admin).set(drivername="postgresql+psycopg", database=name)
-        out = subprocess.run([sys.executable, __file__, "--child", str(pcap), "--pg",
-                              url.render_as_string(hide_password=False)],
+        argv = [sys.executable, __file__, "--child", str(pcap), "--pg", url.render_as_string(hide_password=False)]
+        out = subprocess.run(argv + (["--one-core", str(one_core)] if one_core is not None else []),
                              check=True, capture_output=True, text=True)
         return json.loads(out.stdout.strip().splitlines()[-1])
     finally:
@@ -118,10 +139,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tshark-count", type=int, default=200_000)
     p.add_argument("--big", action="store_true", help="also measure RSS on a synthetic >= 2 GB capture")
     p.add_argument("--pg", help="PostgreSQL admin URL (throwaway databases are created there)")
+    p.add_argument("--one-core", type=int, metavar="CPU",
+                   help="pin the ingest process and its PostgreSQL backend to this one CPU (needs root)")
     p.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        ingest_child(args.child, args.pg)
+        ingest_child(args.child, args.pg, args.one_core)
         return
     admin = _admin_url(args.pg)
     with tempfile.TemporaryDirectory(prefix="tcplab-bench-") as tmp:
@@ -131,10 +154,13 @@ def main(argv: list[str] | None = None) -> None:
             took = synthesise(pcap, args.packets)
             print(f"synthesised {pcap.stat().st_size / 1e6:,.0f} MB ({args.packets:,} data packets + ACKs) "
                   f"in {took:.1f} s")
-        res = run_ingest(pcap, admin)
+        res = run_ingest(pcap, admin, args.one_core)
         ours = res["packets"] / res["seconds"]
         print(f"tcplab: {res['packets']:,} packets ({res['conns']} conns) read and written to PostgreSQL in "
               f"{res['seconds']:.2f} s: {ours:,.0f} pkts/s, child peak RSS {res['rss_mb']:.0f} MB")
+        print(f"  CPU: ingest process {res['cpu_s']:.2f} s ({res['decoder']} decoder), PostgreSQL backend "
+              f"{res['cpu_pg_s']:.2f} s (alone that would allow {res['packets'] / max(res['cpu_pg_s'], 1e-9):,.0f} "
+              f"rows/s); load average {os.getloadavg()[0]:.1f}")
         ts = run_tshark(pcap, min(args.tshark_count, res["packets"]))
         if ts is None:
             theirs_s, ratio_s = "n/a (tshark not installed)", "n/a"

@@ -1,4 +1,4 @@
-"""`tcplab` command line: lab, plan, run, query, report. Thin: every command calls one module."""
+"""`tcplab` command line: lab, plan, run, query, report, compare. Thin: every command calls one module."""
 from __future__ import annotations
 
 import argparse
@@ -122,10 +122,33 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from analysis.report import write_report
+    from analysis.select import SelectorError, resolve_all
     from orchestrator.storage.db import open_db
 
-    path = write_report(open_db(args.db), Path(args.out), run_ids=args.run or None)
+    db = open_db(args.db)
+    selectors = [*(args.selectors or []), *(f"run:{r}" for r in args.run or [])]
+    try:
+        run_ids = resolve_all(db, selectors) if selectors else None
+    except SelectorError as exc:
+        console.print(f"[red]report: no runs for {exc}[/red]")
+        return 2
+    title = "tcplab report" + (f": {', '.join(args.selectors)}" if args.selectors else "")
+    path = write_report(db, Path(args.out), run_ids=run_ids, title=title)
     console.print(f"report: {path}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from analysis.compare import compare, format_comparison
+    from analysis.select import SelectorError
+    from orchestrator.storage.db import open_db
+
+    try:
+        sel_a, sel_b, rows = compare(open_db(args.db), args.a, args.b)
+    except SelectorError as exc:
+        console.print(f"[red]compare: no runs for {exc}[/red]")
+        return 2
+    print(format_comparison(sel_a, sel_b, rows), end="")
     return 0
 
 
@@ -184,11 +207,20 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=cmd_query)
 
-    rep = sub.add_parser("report", help="write the HTML report")
+    rep = sub.add_parser("report", help="write the HTML report and CSV tables (docs/reports.md)")
+    rep.add_argument("selectors", nargs="*", metavar="RUN|PLAN|CAMPAIGN",
+                     help="run id, plan name, campaign tag or experiment, optionally as kind:name "
+                          "(run:, plan:, campaign:, experiment:[PLAN/]); none = every complete run")
     rep.add_argument("--db", default=None)
     rep.add_argument("--out", default="results")
     rep.add_argument("--run", action="append", help="restrict to these run ids")
     rep.set_defaults(func=cmd_report)
+
+    cmp = sub.add_parser("compare", help="two runs, plans, campaigns or experiments side by side")
+    cmp.add_argument("a", metavar="A", help="selector (as for report)")
+    cmp.add_argument("b", metavar="B", help="selector (as for report)")
+    cmp.add_argument("--db", default=None)
+    cmp.set_defaults(func=cmd_compare)
 
     ing = sub.add_parser("ingest", help="(re)ingest collected runs from results/<run-id>/ folders")
     ing.add_argument("run_dirs", nargs="+", type=Path)

@@ -169,9 +169,17 @@ class InterfaceState(_Strict):
 
     offloads: dict[str, bool] = Field(default_factory=dict, description="ethtool -K short names")
     qdiscs: list[QdiscStage] = Field(default_factory=list)
+    coalesce: dict[str, int | bool] = Field(
+        default_factory=dict, description="ethtool -C parameter -> value (integers; on/off for adaptive-*)")
+    pause: dict[Literal["autoneg", "rx", "tx"], bool] = Field(
+        default_factory=dict, description="ethtool -A pause-frame settings")
+    neighbours: dict[str, str] = Field(
+        default_factory=dict, description="peer address -> MAC, made `nud permanent` (G-ARP)")
 
 
 class HostState(_Strict):
     sysctls: dict[str, str] = Field(default_factory=dict, description="dotted sysctl name -> value")
+    module_params: dict[str, dict[str, str]] = Field(
+        default_factory=dict, description="module -> parameter -> value (/sys/module/M/parameters/P)")
     interfaces: dict[str, InterfaceState] = Field(default_factory=dict)
     flush_tcp_metrics: bool = True

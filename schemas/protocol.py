@@ -82,8 +82,20 @@ class QdiscStatsTask(_TaskBase):
     interval_ms: int = Field(default=10, ge=1, le=10000)
 
 
+class SsSampleTask(_TaskBase):
+    """Poll `ss -tinH` (argv list, no shell) until stop_ns; the agent filters on the given peers."""
+
+    kind: Literal["ss_sample"] = "ss_sample"
+    stop_ns: int
+    interval_ms: int = Field(default=100, ge=10, le=10000, description="polling interval")
+    ports: list[int] = Field(min_length=1, max_length=64,
+                             description="list sockets whose remote (destination) port is one of these")
+    dst_addrs: list[Annotated[str, Field(pattern=r"^[0-9A-Fa-f:.]{2,45}$")]] = Field(
+        default_factory=list, max_length=16, description="... and whose remote address is one of these (any if empty)")
+
+
 Task = Annotated[
-    Iperf3ServerTask | Iperf3ClientTask | CaptureTask | TcpProbeTask | QdiscStatsTask,
+    Iperf3ServerTask | Iperf3ClientTask | CaptureTask | TcpProbeTask | QdiscStatsTask | SsSampleTask,
     Field(discriminator="kind"),
 ]
 
@@ -130,6 +142,11 @@ class Capabilities(_Msg):
     allowed_congestion_controls: list[str]
     offload_features: dict[str, dict[str, bool]] = Field(
         description="per interface: feature (ethtool -k name) -> settable (not [fixed])")
+    coalesce_params: dict[str, list[str]] = Field(
+        default_factory=dict, description="per interface: ethtool -c parameters the driver has (empty: none)")
+    pause_frames: dict[str, bool] = Field(default_factory=dict,
+                                          description="per interface: the driver has pause-frame settings")
+    drivers: dict[str, str] = Field(default_factory=dict, description="per interface: ethtool -i driver")
     tools: dict[str, str] = Field(description="tool -> version string")
     tracepoints: list[str]
 
@@ -147,11 +164,23 @@ class InterfaceReadback(_Msg):
     tc_class_text: str = Field(description="literal `tc -s -d class show dev IF`")
     htb_classes: list[dict[str, Any]] = Field(description="htb class parameters read over netlink")
     features: dict[str, dict[str, Any]] = Field(description="literal `ethtool --json -k IF` entries")
+    driver: str = Field(default="", description="`ethtool -i IF` driver")
+    coalesce: dict[str, int | bool] | None = Field(
+        default=None, description="parsed `ethtool -c IF` (n/a parameters left out); None = not supported")
+    pause: dict[str, bool] | None = Field(default=None, description="`ethtool --json -a IF`; None = not supported")
+    unsupported: dict[str, str] = Field(default_factory=dict,
+                                        description="ethtool operation -> the driver's refusal (e.g. coalesce)")
+    neighbours: list[dict[str, Any]] = Field(default_factory=list, description="literal `ip -j neigh show dev IF`")
 
 
 class Readback(_Msg):
     kernel_release: str
+    uname: dict[str, str] = Field(default_factory=dict, description="os.uname(): sysname, release, version, machine")
+    congestion_controls: dict[str, list[str]] = Field(
+        default_factory=dict, description="available / allowed congestion controls at apply time")
     sysctls: dict[str, str]
+    module_params: dict[str, dict[str, str]] = Field(
+        default_factory=dict, description="module -> parameter -> value, for modules the plan configured")
     interfaces: dict[str, InterfaceReadback]
 
 

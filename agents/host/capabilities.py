@@ -11,7 +11,7 @@ from pathlib import Path
 
 from agents import procs
 from agents.host.argv import OFFLOAD_LONG_NAMES
-from agents.host.state import read_features
+from agents.host.state import read_coalesce, read_driver, read_features, read_pause
 from schemas.protocol import Capabilities
 
 # minimal parameters each qdisc needs to be accepted as a root qdisc
@@ -94,12 +94,16 @@ def probe(interfaces: list[str]) -> Capabilities:
         feats = read_features(dev)
         features[dev] = {short: not bool(feats[long].get("fixed"))
                          for short, long in OFFLOAD_LONG_NAMES.items() if long in feats}
+    coalesce = {dev: sorted(read_coalesce(dev)[0] or {}) for dev in interfaces}
     return Capabilities(
         kernel_release=os.uname().release,
         qdiscs=probe_qdiscs(),
         congestion_controls=_words("/proc/sys/net/ipv4/tcp_available_congestion_control"),
         allowed_congestion_controls=_words("/proc/sys/net/ipv4/tcp_allowed_congestion_control"),
         offload_features=features,
+        coalesce_params=coalesce,
+        pause_frames={dev: read_pause(dev)[0] is not None for dev in interfaces},
+        drivers={dev: read_driver(dev) for dev in interfaces},
         tools={name: _first_line(argv) for name, argv in TOOLS.items()},
         tracepoints=tracepoints,
     )

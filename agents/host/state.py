@@ -1,26 +1,26 @@
-"""Effects on host state: sysctls, offloads, qdisc chains; read-back; hello-time snapshot and reset.
+"""Reading and writing single pieces of host state (sysctls, module parameters, ethtool settings, neighbours,
+qdiscs) and the read-back a run records as evidence. The executor (executor.py) composes them.
 
-Only interfaces on the agent's allow-list are touched, and only sysctls that exist on this kernel are
-written (G-SYSCTL): an unknown name is refused, never skipped.
+Only sysctls and module parameters that exist on this kernel are written (G-SYSCTL): an unknown name is
+refused, never skipped.
 """
 from __future__ import annotations
 
 import json
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from pyroute2 import IPRoute
 
 from agents import procs
-from agents.host.argv import OFFLOAD_LONG_NAMES, chain_argv, offload_argv, readback_argv, root_delete_argv
-from schemas.hoststate import HostState
+from agents.host import ethtool
+from agents.host.argv import readback_argv
 from schemas.protocol import InterfaceReadback, Readback
 
 SYSCTL_NAME = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_-]+)+$")
-# qdiscs a fresh interface may carry: resetting to them is `tc qdisc del root`
-DEFAULT_ROOT_KINDS = frozenset({"noqueue", "pfifo_fast", "fq_codel", "mq", "fq", "pfifo"})
+MODULE_NAME = re.compile(r"^[a-z0-9_]+$")
+PARAM_NAME = re.compile(r"^[A-Za-z0-9_]+$")
 
 
 class StateError(Exception):
@@ -51,6 +51,71 @@ def write_sysctl(name: str, value: str) -> None:
                          field=f"state.sysctls.{name}") from exc
 
 
+def module_param_path(module: str, param: str) -> Path:
+    if not MODULE_NAME.match(module) or not PARAM_NAME.match(param):
+        raise StateError(f"not a module parameter: {module}.{param}", field=f"state.module_params.{module}")
+    return Path("/sys/module") / module / "parameters" / param
+
+
+def read_module_param(module: str, param: str) -> str:
+    return module_param_path(module, param).read_text().strip()
+
+
+def ensure_module(module: str) -> None:
+    """A CC module loads on first use; its parameters must be set before that, so load it now (G-CC)."""
+    root = module_param_path(module, "x").parent.parent
+    if not root.exists():
+        procs.run(["modprobe", module], check=False)
+    if not root.exists():
+        raise StateError(f"module {module} is not loaded and cannot be loaded on kernel {os.uname().release}",
+                         field=f"state.module_params.{module}")
+
+
+def write_module_param(module: str, param: str, value: str) -> None:
+    where = f"state.module_params.{module}.{param}"
+    path = module_param_path(module, param)
+    if not path.exists():
+        raise StateError(f"module {module} has no parameter {param} on kernel {os.uname().release}", field=where)
+    if not os.stat(path).st_mode & 0o200:
+        raise StateError(f"parameter {module}.{param} is read-only at runtime (a boot/load-time parameter)",
+                         field=where)
+    try:
+        path.write_text(value)
+    except OSError as exc:
+        raise StateError(f"{module}.{param}={value!r} refused by the kernel: {exc.strerror}", field=where) from exc
+
+
+def read_driver(dev: str) -> str:
+    done = procs.run(["ethtool", "-i", dev], check=False)
+    for line in done.stdout.splitlines():
+        if line.startswith("driver:"):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
+def read_coalesce(dev: str) -> tuple[dict[str, int | bool] | None, str | None]:
+    """(parameters, None) or (None, the driver's refusal)."""
+    done = procs.run(["ethtool", "-c", dev], check=False)
+    if reason := ethtool.unsupported_reason(done.returncode, done.stderr):
+        return None, reason
+    if done.returncode != 0:
+        raise procs.CommandFailed(done.argv, done.returncode, done.stderr)
+    return ethtool.parse_coalesce(done.stdout), None
+
+
+def read_pause(dev: str) -> tuple[dict[str, bool] | None, str | None]:
+    done = procs.run(["ethtool", "--json", "-a", dev], check=False)
+    if reason := ethtool.unsupported_reason(done.returncode, done.stderr):
+        return None, reason
+    if done.returncode != 0:
+        raise procs.CommandFailed(done.argv, done.returncode, done.stderr)
+    return ethtool.parse_pause_json(done.stdout), None
+
+
+def read_neighbours(dev: str) -> list[dict]:
+    return json.loads(procs.run(ethtool.neigh_show_argv(dev)).stdout or "[]")
+
+
 def read_features(dev: str) -> dict[str, dict]:
     out = json.loads(procs.run(readback_argv(dev)["features"]).stdout)
     return {k: v for k, v in out[0].items() if isinstance(v, dict)}
@@ -59,11 +124,17 @@ def read_features(dev: str) -> dict[str, dict]:
 def read_interface(dev: str) -> InterfaceReadback:
     argv = readback_argv(dev)
     qdiscs = json.loads(procs.run(argv["tc_qdisc"]).stdout or "[]")
+    coalesce, no_coalesce = read_coalesce(dev)
+    pause, no_pause = read_pause(dev)
+    unsupported = {op: why for op, why in (("coalesce", no_coalesce), ("pause", no_pause)) if why}
     return InterfaceReadback(
         tc_qdisc=qdiscs,
         tc_class_text=procs.run(argv["tc_class_text"]).stdout,
         htb_classes=read_htb_classes(dev),
         features=read_features(dev),
+        driver=read_driver(dev),
+        coalesce=coalesce, pause=pause, unsupported=unsupported,
+        neighbours=read_neighbours(dev),
     )
 
 
@@ -85,108 +156,22 @@ def read_htb_classes(dev: str) -> list[dict]:
         return out
 
 
-def readback(interfaces: list[str], sysctl_names: list[str]) -> Readback:
+def _words(path: str) -> list[str]:
+    p = Path(path)
+    return p.read_text().split() if p.exists() else []
+
+
+def readback(interfaces: list[str], sysctl_names: list[str],
+             module_params: dict[str, list[str]] | None = None) -> Readback:
+    u = os.uname()
     return Readback(
-        kernel_release=os.uname().release,
+        kernel_release=u.release,
+        uname={"sysname": u.sysname, "release": u.release, "version": u.version, "machine": u.machine},
+        congestion_controls={
+            "available": _words("/proc/sys/net/ipv4/tcp_available_congestion_control"),
+            "allowed": _words("/proc/sys/net/ipv4/tcp_allowed_congestion_control")},
         sysctls={n: read_sysctl(n) for n in sysctl_names if sysctl_path(n).exists()},
+        module_params={m: {p: read_module_param(m, p) for p in params if module_param_path(m, p).exists()}
+                       for m, params in (module_params or {}).items()},
         interfaces={dev: read_interface(dev) for dev in interfaces},
     )
-
-
-@dataclass
-class Snapshot:
-    """What the host looked like at hello; reset() returns it there."""
-    sysctls: dict[str, str] = field(default_factory=dict)
-    features: dict[str, dict[str, bool]] = field(default_factory=dict)
-    root_kinds: dict[str, str] = field(default_factory=dict)
-
-
-def take_snapshot(interfaces: list[str], sysctl_names: list[str]) -> Snapshot:
-    snap = Snapshot()
-    for name in sysctl_names:
-        if sysctl_path(name).exists():
-            snap.sysctls[name] = read_sysctl(name)
-    for dev in interfaces:
-        feats = read_features(dev)
-        snap.features[dev] = {short: bool(feats[long]["active"])
-                              for short, long in OFFLOAD_LONG_NAMES.items() if long in feats}
-        root = [q for q in json.loads(procs.run(readback_argv(dev)["tc_qdisc"]).stdout) if q.get("root")]
-        snap.root_kinds[dev] = root[0]["kind"] if root else "noqueue"
-    return snap
-
-
-class HostStateExecutor:
-    def __init__(self, interfaces: list[str]):
-        self.interfaces = list(interfaces)
-        self.snapshot = Snapshot()
-        self.touched_sysctls: set[str] = set()
-
-    def snapshot_now(self, sysctl_names: list[str]) -> None:
-        self.snapshot = take_snapshot(self.interfaces, sysctl_names)
-
-    def check_allowed(self, state: HostState) -> None:
-        for dev in state.interfaces:
-            if dev not in self.interfaces:
-                raise StateError(f"interface {dev!r} is not on this agent's allow-list {self.interfaces}",
-                                 field=f"state.interfaces.{dev}")
-        for name in state.sysctls:
-            sysctl_path(name)
-
-    def apply(self, state: HostState) -> Readback:
-        self.check_allowed(state)
-        for name, value in state.sysctls.items():
-            if name not in self.snapshot.sysctls and sysctl_path(name).exists():
-                self.snapshot.sysctls[name] = read_sysctl(name)
-            write_sysctl(name, value)
-            self.touched_sysctls.add(name)
-        if state.flush_tcp_metrics:
-            procs.run(["ip", "tcp_metrics", "flush", "all"], check=False)
-        for dev, ifstate in state.interfaces.items():
-            self._apply_offloads(dev, ifstate.offloads)
-            self._reset_root(dev)
-            for argv in chain_argv(dev, list(ifstate.qdiscs)):
-                try:
-                    procs.run(argv)
-                except procs.CommandFailed as exc:
-                    raise StateError(str(exc), field=f"state.interfaces.{dev}.qdiscs") from exc
-        return readback(self.interfaces, sorted(set(state.sysctls) | self.touched_sysctls))
-
-    def _apply_offloads(self, dev: str, wanted: dict[str, bool]) -> None:
-        feats = read_features(dev)
-        changes = {}
-        for short, on in wanted.items():
-            long = OFFLOAD_LONG_NAMES.get(short)
-            if long is None or long not in feats:
-                raise StateError(f"offload {short!r} is not a feature of {dev}",
-                                 field=f"state.interfaces.{dev}.offloads.{short}")
-            if bool(feats[long]["active"]) == on:
-                continue
-            if feats[long].get("fixed"):
-                raise StateError(f"offload {short} on {dev} is fixed {'on' if not on else 'off'}",
-                                 field=f"state.interfaces.{dev}.offloads.{short}")
-            changes[short] = on
-        if changes:
-            procs.run(offload_argv(dev, changes))
-
-    def _reset_root(self, dev: str) -> None:
-        procs.run(root_delete_argv(dev), check=False)  # fails harmlessly when the root is the default
-
-    def reset(self) -> list[str]:
-        """Restore the hello snapshot; return the differences that remain (empty = exact)."""
-        for name in sorted(self.touched_sysctls):
-            if name in self.snapshot.sysctls:
-                write_sysctl(name, self.snapshot.sysctls[name])
-        for dev in self.interfaces:
-            self._reset_root(dev)
-            self._apply_offloads(dev, self.snapshot.features.get(dev, {}))
-        after = take_snapshot(self.interfaces, sorted(self.snapshot.sysctls))
-        diffs = [f"sysctl {k}: {after.sysctls.get(k)!r} != snapshot {v!r}"
-                 for k, v in self.snapshot.sysctls.items() if after.sysctls.get(k) != v]
-        for dev, feats in self.snapshot.features.items():
-            diffs += [f"{dev} offload {k}: {after.features[dev].get(k)} != snapshot {v}"
-                      for k, v in feats.items() if after.features[dev].get(k) != v]
-            if after.root_kinds[dev] != self.snapshot.root_kinds[dev]:
-                diffs.append(f"{dev} root qdisc {after.root_kinds[dev]} != snapshot "
-                             f"{self.snapshot.root_kinds[dev]}")
-        self.touched_sysctls.clear()
-        return diffs

@@ -27,14 +27,27 @@ def host_states(spec: RunSpec, inv: Inventory) -> dict[str, HostState]:
         if role not in inv.hosts:
             raise ResolveError(f"run {spec.run_id}: plan role {role!r} has no host in the inventory")
         entry = inv.hosts[role]
-        ifaces: dict[str, InterfaceState] = {name: InterfaceState(offloads=dict(hp.offloads))
-                                             for name in entry.interfaces}
-        for toward, chain in hp.qdiscs.items():
-            name = entry.iface_toward(toward)
-            ifaces[name] = InterfaceState(offloads=dict(hp.offloads), qdiscs=list(chain))
-        out[role] = HostState(sysctls=dict(hp.sysctls), interfaces=ifaces,
+        chains = {entry.iface_toward(toward): list(chain) for toward, chain in hp.qdiscs.items()}
+        ifaces = {name: InterfaceState(offloads=dict(hp.offloads), coalesce=dict(hp.coalesce), pause=dict(hp.pause),
+                                       qdiscs=chains.get(name, []),
+                                       neighbours=peer_neighbours(inv, role, name) if hp.static_neighbours else {})
+                  for name in entry.interfaces}
+        out[role] = HostState(sysctls=dict(hp.sysctls), module_params=dict(hp.module_params), interfaces=ifaces,
                               flush_tcp_metrics=hp.flush_tcp_metrics)
     return out
+
+
+def peer_neighbours(inv: Inventory, role: str, dev: str) -> dict[str, str]:
+    """The data-path peer of `role`'s interface `dev` as {address: MAC}, from the inventory (G-ARP)."""
+    entry = inv.hosts[role].interfaces[dev]
+    for host in inv.hosts.values():
+        for peer in host.interfaces.values():
+            if peer.addr == entry.peer_addr:
+                if not peer.mac:
+                    raise ResolveError(f"inventory gives no MAC for {entry.peer_addr} (peer of {role} {dev}): "
+                                       "static neighbours need it (or set static_neighbours: false)")
+                return {peer.addr: peer.mac.lower()}
+    raise ResolveError(f"inventory has no host with {entry.peer_addr} (peer of {role} {dev})")
 
 
 @dataclass(frozen=True)
@@ -74,6 +87,12 @@ def schedule_tasks(spec: RunSpec, inv: Inventory, tl: Timeline) -> dict[str, lis
             ports = sorted({f.port for f in spec.flows if f.src == role})
             tasks[role].append(protocol.TcpProbeTask(task_id="tcp-probe", start_ns=tl.start_ns,
                                                      stop_ns=tl.stop_ns, ports=ports))
+    if spec.ss_interval_ms:
+        for role in spec.senders:
+            mine = [f for f in spec.flows if f.src == role]
+            tasks[role].append(protocol.SsSampleTask(
+                task_id="ss-sample", start_ns=tl.start_ns, stop_ns=tl.stop_ns, interval_ms=spec.ss_interval_ms,
+                ports=sorted({f.port for f in mine}), dst_addrs=sorted({inv.hosts[f.dst].data_addr for f in mine})))
     return {role: t for role, t in tasks.items() if t}
 
 

@@ -100,6 +100,7 @@ class Manager:
                 evidence.append({"host": role, "phase": "apply", "data": res["readback"]})
                 rb = protocol.Readback.model_validate(res["readback"])
                 diffs += [f"{role}: {d}" for d in verify.readback_differences(states[role], rb)]
+                flags += [f"{role}: {n}" for n in verify.nic_notes(states[role], rb)]
             if diffs:
                 raise RunFailed("read-back differs from the plan:\n  " + "\n  ".join(diffs))
             offsets = {}
@@ -156,7 +157,8 @@ class Manager:
             "run_id": spec.run_id, "plan_sha256": plan_row["plan_sha256"] if plan_row else None,
             "plan_name": spec.plan_name, "experiment": spec.experiment, "repetition": spec.repetition,
             "seed": spec.seed, "status": "failed" if error else "complete", "params": spec.params,
-            "derived": spec.derived, "spec": spec.model_dump(mode="json"), "tags": self.inv.tags,
+            "derived": spec.derived, "spec": spec.model_dump(mode="json"),
+            "tags": sorted(set(spec.tags) | set(self.inv.tags)),
             "t0_ns": t0, "duration_s": spec.duration_s, "started_at": started, "finished_at": _now(),
             "error": error, "flags": flags,
         }

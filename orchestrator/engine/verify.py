@@ -8,9 +8,25 @@ from __future__ import annotations
 import re
 
 from agents.host.argv import OFFLOAD_LONG_NAMES
+from agents.host.ethtool import permanent_neighbours
 from orchestrator.plan.runspec import RunSpec
 from schemas import protocol
-from schemas.hoststate import Bfifo, Codel, Fq, FqCodel, FqPie, HostState, Htb, Netem, Pfifo, Pie, QdiscStage, Red, Tbf
+from schemas.hoststate import (
+    Bfifo,
+    Codel,
+    Fq,
+    FqCodel,
+    FqPie,
+    HostState,
+    Htb,
+    InterfaceState,
+    Netem,
+    Pfifo,
+    Pie,
+    QdiscStage,
+    Red,
+    Tbf,
+)
 
 SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)([KMG]?)b$")
 
@@ -138,12 +154,64 @@ def _htb_class_differences(dev: str, i: int, stage: Htb, rb: protocol.InterfaceR
     return diffs
 
 
+def norm_module_param(value: str) -> str:
+    """Boolean module parameters read back as Y/N whatever was written (1, y, true): compare as 1/0."""
+    v = str(value).strip()
+    return {"y": "1", "true": "1", "n": "0", "false": "0"}.get(v.lower(), v)
+
+
+def nic_differences(dev: str, want: InterfaceState, irb: protocol.InterfaceReadback) -> list[str]:
+    """Coalescing, pause frames and static neighbours. A driver without coalescing or pause frames
+    satisfies a request for "off" (see nic_notes); anything else it cannot hold is a difference."""
+    diffs = []
+    have = irb.coalesce or {}
+    for name, value in want.coalesce.items():
+        if name not in have:
+            if value:
+                diffs.append(f"{dev} coalesce {name}: driver {irb.driver or '?'} has none, wanted {value}")
+        elif have[name] != value:
+            diffs.append(f"{dev} coalesce {name}: {have[name]} != {value}")
+    for name, on in want.pause.items():
+        if irb.pause is None:
+            if on:
+                diffs.append(f"{dev} pause {name}: driver {irb.driver or '?'} has no pause frames, wanted on")
+        elif irb.pause.get(name) != on:
+            diffs.append(f"{dev} pause {name}: {irb.pause.get(name)} != {on}")
+    permanent = permanent_neighbours(irb.neighbours)
+    for addr, lladdr in want.neighbours.items():
+        if permanent.get(addr) != lladdr.lower():
+            diffs.append(f"{dev} neighbour {addr}: {permanent.get(addr) or 'not permanent'} != {lladdr} permanent")
+    return diffs
+
+
+def nic_notes(desired: HostState, rb: protocol.Readback) -> list[str]:
+    """Requests held only because the driver lacks the mechanism: listed in the run record (G-SYSCTL)."""
+    notes = []
+    for dev, want in desired.interfaces.items():
+        irb = rb.interfaces.get(dev)
+        if irb is None:
+            continue
+        absent = sorted(k for k in want.coalesce if k not in (irb.coalesce or {}))
+        if absent:
+            notes.append(f"{dev}: coalescing {', '.join(absent)} off by absence (driver {irb.driver or '?'}: "
+                         f"{irb.unsupported.get('coalesce', 'no such parameter')})")
+        if want.pause and irb.pause is None:
+            notes.append(f"{dev}: pause frames off by absence (driver {irb.driver or '?'}: "
+                         f"{irb.unsupported.get('pause', '?')})")
+    return notes
+
+
 def readback_differences(desired: HostState, rb: protocol.Readback) -> list[str]:
     diffs = []
     for name, value in desired.sysctls.items():
         got = rb.sysctls.get(name)
         if got is None or norm_sysctl(got) != norm_sysctl(value):
             diffs.append(f"sysctl {name}: {got!r} != {value!r}")
+    for module, params in desired.module_params.items():
+        for param, value in params.items():
+            got = rb.module_params.get(module, {}).get(param)
+            if got is None or norm_module_param(got) != norm_module_param(value):
+                diffs.append(f"module parameter {module}.{param}: {got!r} != {value!r}")
     for dev, ifstate in desired.interfaces.items():
         irb = rb.interfaces.get(dev)
         if irb is None:
@@ -154,6 +222,7 @@ def readback_differences(desired: HostState, rb: protocol.Readback) -> list[str]
             if bool(feat.get("active")) != on:
                 diffs.append(f"{dev} offload {short}: {'on' if feat.get('active') else 'off'} != "
                              f"{'on' if on else 'off'}")
+        diffs += nic_differences(dev, ifstate, irb)
         for i, stage in enumerate(ifstate.qdiscs):
             diffs += stage_differences(dev, i, stage, irb)
         planned = {f"{i + 1}:" for i in range(len(ifstate.qdiscs))}
@@ -183,6 +252,7 @@ def capability_problems(spec: RunSpec, caps: dict[str, protocol.Capabilities]) -
         if c and f.cc not in c.congestion_controls:
             problems.append(f"host {f.src} (kernel {c.kernel_release}) lacks congestion control {f.cc} "
                             f"(available: {' '.join(c.congestion_controls)})")
+    problems += nic_problems(spec, caps)
     problems += unsupported_features(spec, caps)
     if spec.tcp_probe:
         for role in spec.senders:
@@ -190,6 +260,25 @@ def capability_problems(spec: RunSpec, caps: dict[str, protocol.Capabilities]) -
             if c and "tcp:tcp_probe" not in c.tracepoints:
                 problems.append(f"host {role} (kernel {c.kernel_release}) lacks tracepoint tcp:tcp_probe")
     return sorted(set(problems))
+
+
+def nic_problems(spec: RunSpec, caps: dict[str, protocol.Capabilities]) -> list[str]:
+    """Coalescing or pause settings a data interface's driver cannot hold (asking for "off" always fits)."""
+    out = []
+    for role, hp in spec.hosts.items():
+        c = caps.get(role)
+        if c is None:
+            continue
+        for dev, params in c.coalesce_params.items():
+            driver = c.drivers.get(dev, "?")
+            lacking = sorted(k for k, v in hp.coalesce.items() if v and k not in params)
+            if lacking:
+                out.append(f"host {role} (kernel {c.kernel_release}) interface {dev} (driver {driver}) has no "
+                           f"coalescing parameter {', '.join(lacking)}")
+            if any(hp.pause.values()) and not c.pause_frames.get(dev, False):
+                out.append(f"host {role} (kernel {c.kernel_release}) interface {dev} (driver {driver}) has no "
+                           "pause frames")
+    return out
 
 
 def unsupported_features(spec: RunSpec, caps: dict[str, protocol.Capabilities]) -> list[str]:
@@ -200,9 +289,6 @@ def unsupported_features(spec: RunSpec, caps: dict[str, protocol.Capabilities]) 
         if hp.kernel is not None and hp.kernel.release is None:
             out.append(f"host {role} (kernel {release}): variant {hp.kernel.name} is a source build; "
                        "install it first (playbooks/kernel.yml) and give its `release`")
-        for module in hp.module_params:
-            out.append(f"host {role} (kernel {release}): module parameters ({module}) are not applied by "
-                       "this agent version")
     for f in spec.flows:
         if f.tool == "app_limited":
             out.append(f"host {f.src}: flow {f.flow_id} needs the app-limited writer, which this agent "

@@ -4,8 +4,8 @@ Pure apart from reading the files: parsers produce numpy arrays (records.py layo
 routes each artifact to its parser and labels rows with host / capture point / flow. Captures are not
 read here but handed over as streaming PcapReaders (the writer reads them chunk by chunk), except for
 the per-packet queue delay: where a host captured both toward a flow's sender and toward its
-receiver (the aqm), the data direction of both captures is read (narrow columns) and paired
-(orchestrator/ingest/qdelay.py).
+receiver (the aqm), the data direction of both captures is streamed (narrow columns) and paired in
+windows (orchestrator/ingest/qdelay_stream.py), its rows spooled to a temporary file.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import csv
 import datetime as dt
 import io
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from orchestrator.ingest import addr, qdelay, records
 from orchestrator.ingest.conns import ConnRegistry
 from orchestrator.ingest.iperf3 import parse_iperf3
 from orchestrator.ingest.pcap import PcapReader
+from orchestrator.ingest.qdelay_stream import pair_stream
+from orchestrator.ingest.ss import parse_ss
 from orchestrator.ingest.tcp_probe import parse_tcp_probe
 from orchestrator.plan.runspec import RunSpec
 from orchestrator.storage.ingest import RunIngest
@@ -57,8 +60,8 @@ class _Capture:
     path: Path
 
 
-def _direction_rows(cap: _Capture, src: np.void, dst: np.void, conns: ConnRegistry) -> np.ndarray:
-    parts = []
+def _direction_chunks(cap: _Capture, src: np.void, dst: np.void, conns: ConnRegistry) -> Iterator[np.ndarray]:
+    """The capture's packets from src to dst as narrow _QKEY chunks, streamed in capture order."""
     for chunk in PcapReader(cap.path, cap.point_id):
         ids = conns.ids(chunk)
         m = qdelay.direction(chunk, src, dst)
@@ -66,8 +69,8 @@ def _direction_rows(cap: _Capture, src: np.void, dst: np.void, conns: ConnRegist
         for n in _QKEY.names[:-1]:
             part[n] = chunk[n][m]
         part["conn_id"] = ids[m]
-        parts.append(part)
-    return np.concatenate(parts) if parts else np.empty(0, _QKEY)
+        yield part
+
 
 
 def netem_delay_ns(spec: RunSpec, host: str, toward: str) -> int:
@@ -92,9 +95,9 @@ def paired_qdelay(spec: RunSpec, flow_rows: list[dict], captures: list[_Capture]
             if ing is None or egr is None:
                 continue
             s_addr, d_addr = (addr.packed(a) for a in addrs[(src, dst)])
-            rows_in = _direction_rows(ing, s_addr, d_addr, conns)
-            rows_out = _direction_rows(egr, s_addr, d_addr, conns)
-            result = qdelay.pair(rows_in, rows_out, conn_in=rows_in["conn_id"],
+            # Streamed in windows, rows spooled to disk: memory does not grow with the run length.
+            result = pair_stream(_direction_chunks(ing, s_addr, d_addr, conns),
+                                 _direction_chunks(egr, s_addr, d_addr, conns),
                                  netem_ns=netem_delay_ns(spec, host, dst))
             out.append((ing.label, result.rows))
             pairs.append(result.summary(ing.label, egr.label))
@@ -105,7 +108,7 @@ def assemble(spec: RunSpec, run_row: dict, plan_row: dict | None, run_dir: Path,
              artifacts: dict[str, list[dict]], evidence: list[dict], flow_rows: list[dict],
              point_names: dict[tuple[str, str], str]) -> RunIngest:
     """artifacts: host -> list of ArtifactInfo dicts as the agents announced them."""
-    probes, qdisc, iperf, art_rows = [], [], [], []
+    probes, qdisc, iperf, ss, art_rows = [], [], [], [], []
     captures: list[_Capture] = []
     extra: dict[str, dict] = {}
     port_to_flow = {f.port: f.flow_id for f in spec.flows}
@@ -123,6 +126,8 @@ def assemble(spec: RunSpec, run_row: dict, plan_row: dict | None, run_dir: Path,
                 extra[point] = {"host": host, "interface": iface, **{k: meta.get(k) for k in CAPTURE_COUNTS}}
             elif kind == "tcp_probe":
                 probes.append((host, parse_tcp_probe(path.read_text(), trace_offset_ns(meta))))
+            elif kind == "ss":
+                ss.append((host, parse_ss(path.read_text())))
             elif kind == "qdisc_stats":
                 iface = info["name"].removeprefix("qdisc-").removesuffix(".csv")
                 qdisc.append((host, iface, parse_qdisc_csv(path.read_text())))
@@ -135,7 +140,7 @@ def assemble(spec: RunSpec, run_row: dict, plan_row: dict | None, run_dir: Path,
     packets = [(c.label, PcapReader(c.path, c.point_id)) for c in captures]
     return RunIngest(run=run_row, plan=plan_row, flows=flow_rows, artifacts=art_rows, evidence=evidence,
                      packets=packets, capture_points=extra, conns=conns, qdelay=qd, qdelay_pairs=pairs,
-                     tcp_probe=probes, qdisc_samples=qdisc, iperf_intervals=iperf)
+                     tcp_probe=probes, qdisc_samples=qdisc, ss_samples=ss, iperf_intervals=iperf)
 
 
 def sender_ports(run_dir: Path, spec: RunSpec) -> dict[int, int | None]:

@@ -2,8 +2,10 @@
 
 Owns link layers (Ethernet with 802.1Q/802.1ad tags, Linux cooked SLL and SLL2, raw IP) and
 IPv4/IPv6/TCP/UDP header decoding; orchestrator/ingest/pcap_format.py owns the container formats and
-hands over one block of frames at a time. No Python object is made per packet: every field is a
-numpy gather at an offset array, and memory is bounded by the block size, not the file size.
+hands over one block of frames at a time. No Python object is made per packet: a small C loop
+(orchestrator/ingest/pcap_cdecode.py) writes the rows of a block in one call, or, where it cannot be
+built, every field is a numpy gather at an offset array (decode_numpy, same results). Memory is
+bounded by the block size, not the file size.
 
 Captures are taken with a small snaplen (tcpdump -s 128), so lengths always come from the IP header
 (or, when that is 0 as for BIG TCP / TSO super-packets, from the original wire length), never from
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from orchestrator.ingest import records
+from orchestrator.ingest import pcap_cdecode, records
 from orchestrator.ingest.pcap_format import (
     BLOCK_BYTES,
     LINKTYPE_ETHERNET,
@@ -32,8 +34,8 @@ from orchestrator.ingest.pcap_format import (
     u8,
 )
 
-__all__ = ["PcapFormatError", "PcapReader", "PcapStats", "SUPPORTED_LINKTYPES", "iter_pcap", "read_pcap",
-           "read_pcap_with_stats"]
+__all__ = ["PcapFormatError", "PcapReader", "PcapStats", "SUPPORTED_LINKTYPES", "decoder_kind", "iter_pcap",
+           "read_pcap", "read_pcap_with_stats"]
 
 ETH_IPV4, ETH_IPV6, ETH_VLAN, ETH_QINQ = 0x0800, 0x86DD, 0x8100, 0x88A8
 _TCP, _UDP = records.PROTO_TCP, records.PROTO_UDP
@@ -184,8 +186,22 @@ def _addresses(buf: np.ndarray, ip3: np.ndarray, is6: np.ndarray, v4_at: int, v6
     return words.view("V16").reshape(-1)
 
 
+def decoder_kind() -> str:
+    """'c' or 'numpy': which header decoder `decode` uses in this process."""
+    return "c" if pcap_cdecode.available() else "numpy"
+
+
 def decode(fr: Frames, point: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """records.PACKET rows of one block's TCP/UDP frames, and counts [records, tcp, udp, other, trunc]."""
+    """records.PACKET rows of one block's TCP/UDP frames, and counts [records, tcp, udp, other, trunc]:
+    the C decoder (orchestrator/ingest/pcap_cdecode.py) when it is built, else decode_numpy."""
+    if pcap_cdecode.available():
+        return pcap_cdecode.decode(fr, point)
+    return decode_numpy(fr, point)
+
+
+def decode_numpy(fr: Frames, point: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The vectorised decoder: every field a gather over the frames still alive (the fallback of the C
+    decoder and its test oracle)."""
     buf = fr.buf
     status = np.zeros(fr.data.size, dtype=np.int8)
     etype, l3 = _link(buf, fr, status)

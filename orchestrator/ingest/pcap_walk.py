@@ -5,8 +5,8 @@ with array operations. This module owns that walk and nothing else: it returns i
 that orchestrator/ingest/pcap.py then decodes with vectorised gathers.
 
 Two implementations with identical results:
-- a ~30-line C loop compiled with the system `cc`/`gcc` on first use and cached under
-  $XDG_CACHE_HOME/tcplab (default ~/.cache/tcplab), keyed by the hash of its source, loaded with ctypes;
+- a ~30-line C loop compiled with the system `cc`/`gcc` on first use (orchestrator/ingest/cbuild.py:
+  cached under $XDG_CACHE_HOME/tcplab, keyed by the hash of its source), loaded with ctypes;
 - a pure-Python loop over `struct.unpack_from`, used when no compiler is available, the build fails,
   or TCPLAB_PCAP_WALK=python is set (tests run both and compare).
 The reasons for this split are in docs/pcap-reader.md.
@@ -14,18 +14,15 @@ The reasons for this split are in docs/pcap-reader.md.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import shutil
 import struct
-import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 
 import numpy as np
+
+from orchestrator.ingest import cbuild
 
 # Records per C call: bounds the output buffers (8 MiB of offsets) while keeping call overhead nil.
 CHUNK = 1 << 20
@@ -109,34 +106,13 @@ class PcapngWalk:
     swap_end: bool = False  # byte order in force at `end` (pass it back in to resume the walk)
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "tcplab"
-
-
 @cache
 def _load_c() -> ctypes.CDLL | None:
     """Compile (once per source hash) and load the C walker; None when that is not possible."""
     if os.environ.get("TCPLAB_PCAP_WALK") == "python":
         return None
-    digest = hashlib.sha256(_C_SOURCE.encode()).hexdigest()[:16]
-    so = _cache_dir() / f"pcapwalk-{digest}-{sys.platform}.so"
-    try:
-        if not so.exists():
-            cc = shutil.which("cc") or shutil.which("gcc")
-            if cc is None:
-                return None
-            so.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=so.parent) as tmp:
-                src = Path(tmp) / "pcapwalk.c"
-                src.write_text(_C_SOURCE)
-                out = Path(tmp) / so.name
-                subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(out), str(src)],
-                               check=True, capture_output=True, timeout=60)
-                # Atomic publish: concurrent first uses never load a half-written library.
-                os.replace(out, so)
-        lib = ctypes.CDLL(str(so))
-    except (OSError, subprocess.SubprocessError):
+    lib = cbuild.build(_C_SOURCE, "pcapwalk")
+    if lib is None:
         return None
     i64p = ctypes.POINTER(ctypes.c_int64)
     lib.tcplab_walk_pcap.restype = ctypes.c_int64

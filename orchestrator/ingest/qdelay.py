@@ -21,6 +21,7 @@ AQM). Algorithm notes: docs/ingest.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +33,8 @@ _P = np.uint64(0x100000001B3)
 
 @dataclass(frozen=True)
 class QdelayResult:
-    rows: np.ndarray          # records.QDELAY, one per ingress packet, in ingress order
+    rows: np.ndarray | Any    # records.QDELAY, one per ingress packet, in ingress order (an array, or
+    #                           qdelay_stream.Spool: the same rows as re-iterable chunks)
     matched: int
     dropped: int
     ce: int
@@ -89,12 +91,9 @@ def _occurrence(sorted_keys: np.ndarray) -> np.ndarray:
     return idx - start
 
 
-def pair(ingress: np.ndarray, egress: np.ndarray, conn_in: np.ndarray | None = None,
-         d_fwd_ns: int | None = None, netem_ns: int = 0) -> QdelayResult:
-    """Match every ingress packet with its egress copy; see the module docstring.
-
-    conn_in: conn id of each ingress packet (the QDELAY conn_id column); zeros if not given.
-    """
+def match(ingress: np.ndarray, egress: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row indices (ingress, egress) of the accepted pairs: the k-th occurrence of a key at the ingress
+    with the k-th at the egress, where t_out >= t_in and the keys are equal field by field."""
     hi, he = key_hash(ingress), key_hash(egress)
     oi = np.lexsort((ingress["ts_ns"], hi))
     oe = np.lexsort((egress["ts_ns"], he))
@@ -105,26 +104,42 @@ def pair(ingress: np.ndarray, egress: np.ndarray, conn_in: np.ndarray | None = N
     has = rank < count
     i_rows = oi[has]
     e_rows = oe[first[has] + rank[has]]
-    t_in, t_out = ingress["ts_ns"][i_rows], egress["ts_ns"][e_rows]
-    ok = (t_out >= t_in) & _same_key(ingress[i_rows], egress[e_rows])
-    i_rows, e_rows, t_in, t_out = i_rows[ok], e_rows[ok], t_in[ok], t_out[ok]
+    ok = (egress["ts_ns"][e_rows] >= ingress["ts_ns"][i_rows]) & _same_key(ingress[i_rows], egress[e_rows])
+    return i_rows[ok], e_rows[ok]
 
-    raw = t_out - t_in - int(netem_ns)
-    if d_fwd_ns is None:
-        d_fwd, source = (int(raw.min()) if raw.size else 0), "run-minimum"
-    else:
-        d_fwd, source = int(d_fwd_ns), "given"
+
+def qdelay_rows(ingress: np.ndarray, egress: np.ndarray, i_rows: np.ndarray, e_rows: np.ndarray,
+          conn_in: np.ndarray | int, netem_ns: int) -> np.ndarray:
+    """QDELAY rows of the ingress packets with the raw delay t_out - t_in - netem in sojourn_ns."""
     out = np.zeros(ingress.size, dtype=records.QDELAY)
-    out["conn_id"] = conn_in if conn_in is not None else 0
+    out["conn_id"] = conn_in
     out["ts_in_ns"] = ingress["ts_ns"]
     out["payload_len"] = ingress["payload_len"]
     out["dropped"] = 1
     out["ts_out_ns"] = -1
     out["sojourn_ns"] = -1
+    t_out = egress["ts_ns"][e_rows]
     out["dropped"][i_rows] = 0
     out["ts_out_ns"][i_rows] = t_out
-    out["sojourn_ns"][i_rows] = raw - d_fwd
+    out["sojourn_ns"][i_rows] = t_out - ingress["ts_ns"][i_rows] - int(netem_ns)
     out["ce"][i_rows] = (egress["ecn"][e_rows] == 3) & (ingress["ecn"][i_rows] != 3)
+    return out
+
+
+def pair(ingress: np.ndarray, egress: np.ndarray, conn_in: np.ndarray | None = None,
+         d_fwd_ns: int | None = None, netem_ns: int = 0) -> QdelayResult:
+    """Match every ingress packet with its egress copy; see the module docstring.
+
+    conn_in: conn id of each ingress packet (the QDELAY conn_id column); zeros if not given.
+    """
+    i_rows, e_rows = match(ingress, egress)
+    out = qdelay_rows(ingress, egress, i_rows, e_rows, conn_in if conn_in is not None else 0, netem_ns)
+    raw = out["sojourn_ns"][i_rows]
+    if d_fwd_ns is None:
+        d_fwd, source = (int(raw.min()) if raw.size else 0), "run-minimum"
+    else:
+        d_fwd, source = int(d_fwd_ns), "given"
+    out["sojourn_ns"][i_rows] = raw - d_fwd
     matched = int(i_rows.size)
     return QdelayResult(rows=out, matched=matched, dropped=int(ingress.size - matched), ce=int(out["ce"].sum()),
                         unmatched_egress=int(egress.size - matched), d_fwd_ns=d_fwd, d_fwd_source=source,

@@ -67,3 +67,33 @@ IPERF_INTERVAL = np.dtype([
     ("bytes", "i8"), ("bits_per_second", "f8"),
     ("retransmits", "i8"), ("snd_cwnd", "i8"), ("rtt_us", "i8"),
 ])
+
+# `ss -tinH` samples (orchestrator/ingest/ss.py), one row per socket per poll. Units: rtt in µs,
+# rates in bit/s, dctcp_alpha as a fraction 0..1 (the kernel's value / DCTCP_MAX_ALPHA = 1024).
+# SS_NULLABLE fields hold -1 (NaN for floats) where ss did not report them; the DB stores NULL.
+SS_SAMPLE = np.dtype([
+    ("ts_ns", "i8"),
+    ("saddr", "U45"), ("sport", "i4"), ("daddr", "U45"), ("dport", "i4"),
+    ("cc", "U16"),
+    ("cwnd", "i8"), ("mss", "i8"),
+    ("bytes_sent", "i8"), ("bytes_retrans", "i8"), ("bytes_acked", "i8"),
+    ("unacked", "i8"), ("lost", "i8"), ("delivered", "i8"), ("delivered_ce", "i8"),
+    ("ssthresh", "i8"),
+    ("rtt_us", "i8"), ("rttvar_us", "i8"), ("minrtt_us", "i8"),
+    ("delivery_rate_bit", "i8"), ("pacing_rate_bit", "i8"),
+    ("retrans", "i8"), ("retrans_total", "i8"),
+    ("dctcp_alpha", "f8"), ("dctcp_ab_ecn", "i8"), ("dctcp_ab_tot", "i8"),
+    ("bbr_bw_bit", "i8"), ("bbr_mrtt_us", "i8"), ("bbr_pacing_gain", "f8"), ("bbr_cwnd_gain", "f8"),
+])
+SS_NULLABLE = ("ssthresh", "rtt_us", "rttvar_us", "minrtt_us", "delivery_rate_bit", "pacing_rate_bit",
+               "dctcp_alpha", "dctcp_ab_ecn", "dctcp_ab_tot", "bbr_bw_bit", "bbr_mrtt_us", "bbr_pacing_gain",
+               "bbr_cwnd_gain")
+
+
+def null_masks(arr: np.ndarray, fields: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """Boolean NULL masks of nullable fields: -1 in integer fields, NaN in float fields."""
+    out = {}
+    for name in fields:
+        col = arr[name]
+        out[name] = np.isnan(col) if col.dtype.kind == "f" else col < 0
+    return out

@@ -132,12 +132,17 @@ def merged_settings(hosts: dict[str, HostSettings], role: str) -> HostSettings:
     """`all` merged with the role's own settings; the role wins key by key."""
     base = hosts.get(ALL_HOSTS, HostSettings())
     own = hosts.get(role, HostSettings())
-    flush = own.flush_tcp_metrics if own.flush_tcp_metrics is not None else base.flush_tcp_metrics
+    def pick(name: str):
+        mine = getattr(own, name)
+        return mine if mine is not None else getattr(base, name)
+
     modules = {m: {**base.module_params.get(m, {}), **own.module_params.get(m, {})}
                for m in {**base.module_params, **own.module_params}}
     return HostSettings(sysctls={**base.sysctls, **own.sysctls}, offloads={**base.offloads, **own.offloads},
-                        flush_tcp_metrics=flush, qdiscs={**base.qdiscs, **own.qdiscs},
-                        kernel=own.kernel or base.kernel, module_params=modules)
+                        coalesce={**base.coalesce, **own.coalesce}, pause={**base.pause, **own.pause},
+                        flush_tcp_metrics=pick("flush_tcp_metrics"), static_neighbours=pick("static_neighbours"),
+                        qdiscs={**base.qdiscs, **own.qdiscs}, kernel=own.kernel or base.kernel,
+                        module_params=modules)
 
 
 def kernel_ref(name: str | None, kernels: dict[str, KernelVariant]) -> KernelRef | None:
@@ -156,8 +161,10 @@ def host_plans(t: RunTemplate, roles: list[str], kernels: dict[str, KernelVarian
         if t.bottleneck is not None and t.bottleneck.at.host == role:
             chains[t.bottleneck.at.toward] = bottleneck_chain(t)
         out[role] = HostPlan(kernel=kernel_ref(s.kernel, kernels), module_params=s.module_params,
-                             sysctls=dict(s.sysctls), offloads=dict(s.offloads), qdiscs=chains,
-                             flush_tcp_metrics=s.flush_tcp_metrics if s.flush_tcp_metrics is not None else True)
+                             sysctls=dict(s.sysctls), offloads=dict(s.offloads), coalesce=dict(s.coalesce),
+                             pause=dict(s.pause), qdiscs=chains,
+                             flush_tcp_metrics=s.flush_tcp_metrics is not False,
+                             static_neighbours=s.static_neighbours is not False)
     return out
 
 
@@ -172,6 +179,11 @@ def qdisc_stat_links(t: RunTemplate) -> tuple[list[LinkRef], int]:
         return [], 10
     return ([LinkRef(host=ln.host, toward=ln.toward) for ln in t.qdisc_stats.links],
             max(1, t.qdisc_stats.interval.value // 10**6))
+
+
+def ss_interval_ms(t: RunTemplate) -> int | None:
+    """The ss polling interval in whole milliseconds, None when the plan does not ask for it."""
+    return None if t.ss is None else max(1, t.ss.interval.value // 10**6)
 
 
 def ack_policy_spec(t: RunTemplate) -> AckPolicySpec | None:

@@ -23,7 +23,9 @@ def canonical(obj: Any) -> Any:
     if isinstance(obj, Fraction):   # relative thresholds ('0.17bdp') keep their exact ratio
         return f"{obj.numerator}/{obj.denominator}"
     if isinstance(obj, BaseModel):
-        return {name: canonical(getattr(obj, name)) for name in type(obj).model_fields}
+        skip = getattr(type(obj), "HASH_SKIP_IF_DEFAULT", frozenset())
+        return {name: canonical(getattr(obj, name)) for name, f in type(obj).model_fields.items()
+                if not (name in skip and getattr(obj, name) == f.default)}
     if isinstance(obj, dict):
         return {str(k): canonical(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

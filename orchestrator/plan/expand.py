@@ -20,6 +20,7 @@ from orchestrator.plan.build import (
     flow_specs,
     host_plans,
     qdisc_stat_links,
+    ss_interval_ms,
 )
 from orchestrator.plan.checks import all_assignments, param_name
 from orchestrator.plan.derive import derived_values
@@ -78,10 +79,11 @@ def _run_specs(plan: Plan, r: Resolved, varied: dict[str, Path]) -> list[RunSpec
     stats, interval = qdisc_stat_links(t)
     stem = "-".join([plan.name, r.cell.experiment] + ([r.cell.arm] if r.cell.arm else []) + [r.key])
     common: dict[str, Any] = dict(
-        plan_name=plan.name, experiment=r.cell.experiment, cell=r.cell.index, params=run_params(plan, r, varied),
+        plan_name=plan.name, experiment=r.cell.experiment, tags=list(plan.tags), cell=r.cell.index,
+        params=run_params(plan, r, varied),
         derived=derived_values(t), duration_s=t.duration.seconds, hosts=host_plans(t, plan.roles, plan.kernels),
         flows=flow_specs(t), captures=capture_points(t), qdisc_stats=stats, qdisc_stats_interval_ms=interval,
-        tcp_probe=t.tcp_probe, ack_policy=ack_policy_spec(t), events=event_specs(t),
+        tcp_probe=t.tcp_probe, ss_interval_ms=ss_interval_ms(t), ack_policy=ack_policy_spec(t), events=event_specs(t),
         analysis=analysis_spec(t), accept_guards=list(t.accept_guards))
     return [RunSpec(run_id=f"{stem}-r{rep}", repetition=rep, seed=run_seed(plan, r.key, rep), **common)
             for rep in range(r.cell.repetitions)]

@@ -235,4 +235,6 @@ def run_problems(t: RunTemplate, roles: list[str], kernels: set[str] | None = No
             _link(roles, ln.host, ln.toward, ("qdisc_stats", "links", i), out)
         if t.qdisc_stats.interval.value % 10**6:
             out.append(Problem(("qdisc_stats", "interval"), "the polling interval must be whole milliseconds"))
+    if t.ss is not None and (t.ss.interval.value % 10**6 or not 10 <= t.ss.interval.value // 10**6 <= 10_000):
+        out.append(Problem(("ss", "interval"), "the ss polling interval must be whole milliseconds, 10ms to 10s"))
     return out

@@ -42,9 +42,12 @@ class HostPlan(_Strict):
                                                      description="module -> parameter -> value")
     sysctls: dict[str, str] = Field(default_factory=dict)
     offloads: dict[str, bool] = Field(default_factory=dict, description="applied to every data interface")
+    coalesce: dict[str, int | bool] = Field(default_factory=dict, description="ethtool -C, every data interface")
+    pause: dict[str, bool] = Field(default_factory=dict, description="ethtool -A, every data interface")
     qdiscs: dict[str, list[QdiscStage]] = Field(
         default_factory=dict, description="toward-role -> qdisc chain on that interface")
     flush_tcp_metrics: bool = True
+    static_neighbours: bool = True
 
 
 class FlowSpec(_Strict):
@@ -96,6 +99,7 @@ class RunSpec(_Strict):
     run_id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$")
     plan_name: str
     experiment: str
+    tags: list[str] = Field(default_factory=list, description="the plan's tags (campaign selection, G-VM)")
     cell: int = Field(default=0, description="matrix cell within the experiment (shared by its arms)")
     repetition: int = 0
     seed: int = 0
@@ -108,6 +112,7 @@ class RunSpec(_Strict):
     qdisc_stats: list[LinkRef] = Field(default_factory=list)
     qdisc_stats_interval_ms: int = 10
     tcp_probe: bool = True
+    ss_interval_ms: int | None = Field(default=None, description="poll `ss -tinH` on the senders (None: off)")
     ack_policy: AckPolicySpec | None = None
     events: list[EventSpec] = Field(default_factory=list)
     analysis: AnalysisSpec = AnalysisSpec()

@@ -7,7 +7,7 @@ in `checks.py`, so they can name the exact field at fault.
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BeforeValidator, StringConstraints
 
@@ -33,6 +33,13 @@ SysctlName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]*(\.[A-Za
 # ethtool -K short names; an allow-list catches typos such as `tro` (EXPERIMENTS.md G-SYSCTL).
 OffloadName = Literal["tso", "gso", "gro", "lro", "sg", "tx", "rx", "tx-gso-partial",
                       "rx-gro-list", "rx-udp-gro-forwarding", "rxvlan", "txvlan", "ntuple", "rxhash"]
+# ethtool -C parameters (integers; adaptive-*/cqe-mode-* on/off)
+CoalesceName = Literal["rx-usecs", "rx-frames", "rx-usecs-irq", "rx-frames-irq", "tx-usecs", "tx-frames",
+                       "tx-usecs-irq", "tx-frames-irq", "adaptive-rx", "adaptive-tx", "cqe-mode-rx",
+                       "cqe-mode-tx", "stats-block-usecs", "sample-interval", "pkt-rate-low", "pkt-rate-high",
+                       "rx-usecs-low", "rx-frames-low", "tx-usecs-low", "tx-frames-low", "rx-usecs-high",
+                       "rx-frames-high", "tx-usecs-high", "tx-frames-high"]
+PauseName = Literal["autoneg", "rx", "tx"]
 ALL_HOSTS = "all"
 GuardId = Literal["G-NETEM", "G-HTB", "G-OFFLOAD", "G-SOCKBUF", "G-TSQ"]
 
@@ -85,6 +92,9 @@ class Bottleneck(Strict):
 class HostSettings(Strict):
     """Host state for one role (or for every role, under the key `all`)."""
 
+    # added after plans had results: out of the run hash while at their default (see RunTemplate)
+    HASH_SKIP_IF_DEFAULT: ClassVar[frozenset[str]] = frozenset({"coalesce", "pause", "static_neighbours"})
+
     sysctls: dict[SysctlName, SysctlValue] = _f(
         {}, "sysctl name -> value; note that net.core.* is not writable inside a network namespace",
         {"net.ipv4.tcp_ecn": 1, "net.ipv4.tcp_rmem": "4096 131072 8388608"})
@@ -93,6 +103,14 @@ class HostSettings(Strict):
         {"tso": False, "gso": False, "gro": False, "sg": False})
     flush_tcp_metrics: bool | None = _f(None, "flush the TCP metrics cache before the run (default on)",
                                         True)
+    coalesce: dict[CoalesceName, int | bool] = _f(
+        {}, "ethtool -C interrupt coalescing on every data interface (0/off = none; a driver without "
+        "coalescing satisfies 'off' and the run records that)", {"rx-usecs": 0, "tx-usecs": 0})
+    pause: dict[PauseName, bool] = _f(
+        {}, "ethtool -A pause frames on every data interface (a driver without pause frames satisfies 'off')",
+        {"autoneg": False, "rx": False, "tx": False})
+    static_neighbours: bool | None = _f(
+        None, "make every data-path peer a `nud permanent` neighbour before the run (G-ARP; default on)", True)
     kernel: VariantName | None = _f(
         None, "kernel variant the host must run (a key of the plan's `kernels`); default: whatever it runs, "
         "recorded", "vanilla-5.0.0")
@@ -122,8 +140,19 @@ class QdiscStats(Strict):
                                 validate_default=True)
 
 
+class SsPolling(Strict):
+    """Per-socket TCP state from `ss -tinH` on the senders, polled for the whole run."""
+
+    interval: PositiveTime = _f("100ms", "polling interval (whole milliseconds, 10ms to 10s; one poll runs "
+                                "`ss` once, about 5-8 ms of a core)", "100ms", validate_default=True)
+
+
 class RunTemplate(Strict):
     """One run before matrix substitution; every matrix axis names a dotted path into this model."""
+
+    # Fields added after plans had results: left out of the run hash while at their default, so the run
+    # ids (and "already complete" in a results DB) of every existing plan stay what they were.
+    HASH_SKIP_IF_DEFAULT: ClassVar[frozenset[str]] = frozenset({"ss"})
 
     duration: PositiveTime = _f(..., "run length from T0 (flows, captures and pollers fit inside it)",
                                 "40s")
@@ -155,6 +184,9 @@ class RunTemplate(Strict):
     analysis: Analysis = _f(Analysis(), "analysis windows stored with the run (G-WINDOW)",
                             {"warmup": "2s", "bin": "10ms"})
     tcp_probe: bool = _f(True, "record the tcp:tcp_probe tracepoint on the senders", True)
+    ss: SsPolling | None = _f(None, "poll `ss -tinH` on the senders: cwnd, ssthresh, rtt, pacing and delivery "
+                              "rate, retransmissions, DCTCP alpha, BBR state per socket (table ss_sample)",
+                              {"interval": "100ms"})
     accept_guards: list[GuardId] = _f(
         [], "pitfall guards this run is meant to trip (the experiment studies the pitfall itself); they are "
         "recorded as flags instead of refusing the run", ["G-NETEM"])

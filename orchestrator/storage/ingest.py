@@ -60,10 +60,11 @@ class RunIngest:
     packets: list[tuple[str, PacketSource]] = field(default_factory=list)
     capture_points: dict[str, dict[str, Any]] = field(default_factory=dict)
     conns: ConnRegistry | None = None
-    qdelay: list[tuple[str, np.ndarray]] = field(default_factory=list)    # (ingress point, QDELAY)
+    qdelay: list[tuple[str, Any]] = field(default_factory=list)  # (ingress point, QDELAY array or chunks)
     qdelay_pairs: list[dict[str, Any]] = field(default_factory=list)      # qdelay_pair rows
     tcp_probe: list[tuple[str, np.ndarray]] = field(default_factory=list)  # (host, TCP_PROBE)
     qdisc_samples: list[tuple[str, str, np.ndarray]] = field(default_factory=list)  # (host, iface, ..)
+    ss_samples: list[tuple[str, np.ndarray]] = field(default_factory=list)  # (host, SS_SAMPLE)
     iperf_intervals: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (flow_id, ..)
 
 
@@ -83,6 +84,7 @@ class IngestCounts:
     qdelay_pair: int = 0
     tcp_probe: int = 0
     qdisc_sample: int = 0
+    ss_sample: int = 0
     iperf_interval: int = 0
 
     def as_dict(self) -> dict[str, int]:
@@ -102,6 +104,7 @@ class BulkLayout:
     keys: tuple[str, ...]     # table columns filled from the tuple's leading items
     dtype: np.dtype
     labels: tuple[str, ...] = ()  # leading tuple items that are not columns (before the keys)
+    streamed: bool = False        # the array may also be a re-iterable of chunks (with a `dtype`)
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -110,9 +113,10 @@ class BulkLayout:
 
 
 BULK_LAYOUTS = (
-    BulkLayout("qdelay", tables.qdelay, (), records.QDELAY, labels=("ingress point",)),
+    BulkLayout("qdelay", tables.qdelay, (), records.QDELAY, labels=("ingress point",), streamed=True),
     BulkLayout("tcp_probe", tables.tcp_probe, ("host",), records.TCP_PROBE),
     BulkLayout("qdisc_samples", tables.qdisc_sample, ("host", "interface"), records.QDISC_SAMPLE),
+    BulkLayout("ss_samples", tables.ss_sample, ("host",), records.SS_SAMPLE),
     BulkLayout("iperf_intervals", tables.iperf_interval, ("flow_id",), records.IPERF_INTERVAL),
 )
 
@@ -175,6 +179,11 @@ def validate(ingest: RunIngest) -> None:
             if not isinstance(item, tuple) or len(item) != len(layout.labels) + len(layout.keys) + 1:
                 raise IngestError(where, f"expected a tuple ({', '.join(layout.labels + layout.keys)}, array)")
             arr = item[-1]
+            if layout.streamed and not isinstance(arr, np.ndarray):
+                if getattr(arr, "dtype", None) != layout.dtype or not isinstance(arr, Iterable):
+                    raise IngestError(where, f"expected a {layout.table.name} array or a re-iterable of "
+                                      f"{layout.dtype} chunks with that dtype")
+                continue
             if not isinstance(arr, np.ndarray) or arr.ndim != 1:
                 raise IngestError(where, "expected a one-dimensional numpy array")
             if arr.dtype != layout.dtype:
@@ -186,14 +195,16 @@ def validate(ingest: RunIngest) -> None:
 
 def _array_batches(ingest: RunIngest, layout: BulkLayout, run_key: int) -> Iterator[bulk.Batch]:
     for item in getattr(ingest, layout.attr):
-        arr = item[-1]
-        data: dict[str, Any] = {"run_id": ingest.run["run_id"], "run_key": run_key}
-        data.update(zip(layout.keys, item[len(layout.labels):-1], strict=True))
-        data.update({n: arr[n] for n in layout.dtype.names})
-        nulls = {}
-        if layout.table is tables.qdelay:
-            nulls = {"ts_out_ns": arr["dropped"] != 0, "sojourn_ns": arr["dropped"] != 0}
-        yield data, nulls
+        for arr in _chunks(item[-1]):
+            data: dict[str, Any] = {"run_id": ingest.run["run_id"], "run_key": run_key}
+            data.update(zip(layout.keys, item[len(layout.labels):-1], strict=True))
+            data.update({n: arr[n] for n in layout.dtype.names})
+            nulls = {}
+            if layout.table is tables.qdelay:
+                nulls = {"ts_out_ns": arr["dropped"] != 0, "sojourn_ns": arr["dropped"] != 0}
+            elif layout.table is tables.ss_sample:
+                nulls = records.null_masks(arr, records.SS_NULLABLE)
+            yield data, nulls
 
 
 def _chunks(src: PacketSource) -> Iterator[np.ndarray]:

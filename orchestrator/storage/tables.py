@@ -1,7 +1,7 @@
 """The result database schema (SQLAlchemy Core), one definition for SQLite and PostgreSQL.
 
 Alembic migrations under orchestrator/storage/migrations create exactly these tables. The per-packet
-tables (PARTITIONED_TABLES: packet, qdelay, tcp_probe, qdisc_sample) carry the run's integer
+tables (PARTITIONED_TABLES: packet, qdelay, tcp_probe, qdisc_sample, ss_sample) carry the run's integer
 `run_key` instead of its text id; on PostgreSQL they are LIST-partitioned by run_key (one partition
 per run, in schema PARTITION_SCHEMA, created at ingest and dropped on re-ingest; the migration adds
 PARTITION BY, which SQLAlchemy metadata cannot express), on SQLite they are plain tables. Packets
@@ -206,6 +206,38 @@ qdisc_sample = Table(
     Column("qlen", BigInteger, nullable=False),
 )
 
+# `ss -tinH` samples on the senders (orchestrator/ingest/ss.py): one row per socket per poll. Rates in
+# bit/s, times in µs, dctcp_alpha as a fraction 0..1 (the kernel's alpha / DCTCP_MAX_ALPHA = 1024).
+# NULL where ss did not report a value (ssthresh before the first loss, DCTCP/BBR fields of other CCs).
+ss_sample = Table(
+    "ss_sample", metadata,
+    Column("run_key", Integer, nullable=False),
+    Column("host", String(64), nullable=False),
+    Column("ts_ns", BigInteger, nullable=False),           # CLOCK_REALTIME, middle of the poll
+    Column("saddr", String(45), nullable=False),
+    Column("sport", Integer, nullable=False),
+    Column("daddr", String(45), nullable=False),
+    Column("dport", Integer, nullable=False),
+    Column("cc", String(16), nullable=False),
+    *(Column(c, BigInteger, nullable=False) for c in ("cwnd", "mss", "bytes_sent", "bytes_retrans", "bytes_acked",
+                                                       "unacked", "lost", "delivered", "delivered_ce")),
+    Column("ssthresh", BigInteger, nullable=True),
+    Column("rtt_us", BigInteger, nullable=True),
+    Column("rttvar_us", BigInteger, nullable=True),
+    Column("minrtt_us", BigInteger, nullable=True),
+    Column("delivery_rate_bit", BigInteger, nullable=True),
+    Column("pacing_rate_bit", BigInteger, nullable=True),
+    Column("retrans", BigInteger, nullable=False),         # unacknowledged retransmitted segments now
+    Column("retrans_total", BigInteger, nullable=False),   # retransmissions over the socket's life
+    Column("dctcp_alpha", Float, nullable=True),           # fraction 0..1
+    Column("dctcp_ab_ecn", BigInteger, nullable=True),
+    Column("dctcp_ab_tot", BigInteger, nullable=True),
+    Column("bbr_bw_bit", BigInteger, nullable=True),
+    Column("bbr_mrtt_us", BigInteger, nullable=True),
+    Column("bbr_pacing_gain", Float, nullable=True),
+    Column("bbr_cwnd_gain", Float, nullable=True),
+)
+
 iperf_interval = Table(
     "iperf_interval", metadata,
     Column("run_id", String(128), nullable=False),
@@ -227,8 +259,9 @@ Index("ix_packet_run_ts", packet.c.run_key, packet.c.ts_ns, postgresql_using="br
 Index("ix_qdelay_run_ts", qdelay.c.run_key, qdelay.c.ts_in_ns, postgresql_using="brin")
 Index("ix_tcp_probe_run_ts", tcp_probe.c.run_key, tcp_probe.c.ts_ns, postgresql_using="brin")
 Index("ix_qdisc_sample_run_ts", qdisc_sample.c.run_key, qdisc_sample.c.ts_ns, postgresql_using="brin")
+Index("ix_ss_sample_run_ts", ss_sample.c.run_key, ss_sample.c.ts_ns, postgresql_using="brin")
 Index("ix_iperf_interval_run_id", iperf_interval.c.run_id)
 
 PARTITION_SCHEMA = "tcplab_part"
-PARTITIONED_TABLES = (packet, qdelay, tcp_probe, qdisc_sample)   # keyed by run_key
+PARTITIONED_TABLES = (packet, qdelay, tcp_probe, qdisc_sample, ss_sample)   # keyed by run_key
 PER_RUN_BULK_TABLES = (*PARTITIONED_TABLES, iperf_interval)

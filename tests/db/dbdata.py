@@ -6,12 +6,14 @@ timestamps as -1); readers use plain SELECTs, independent of the code under test
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 
 import numpy as np
 from sqlalchemy import Engine, func, select, text
 
 from orchestrator.ingest import addr, records
 from orchestrator.ingest.conns import ConnRegistry
+from orchestrator.ingest.ss import parse_ss
 from orchestrator.storage import tables
 from orchestrator.storage.ingest import RunIngest
 
@@ -95,6 +97,16 @@ def iperf_intervals(n: int, rng: np.random.Generator, port: int) -> np.ndarray:
     return a
 
 
+SS_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ss"
+
+
+def ss_samples() -> np.ndarray:
+    """Real `ss -tinH` polls (bbr data socket + bbr control socket, 18 rows) and the DCTCP rows (alpha
+    512/1024, and fallback mode): every NULL pattern the table has."""
+    return np.concatenate([parse_ss((SS_FIXTURES / name).read_text())
+                           for name in ("ss_bbr.txt", "ss_dctcp_constructed.txt")])
+
+
 def run_row(run_id: str, status: str = "complete", plan_sha256: str | None = PLAN_SHA) -> dict:
     return {
         "run_id": run_id, "plan_sha256": plan_sha256, "plan_name": "quickstart", "experiment": "fq_codel",
@@ -113,7 +125,7 @@ def plan_row(sha: str = PLAN_SHA, path: str = "experiments/quickstart.yaml") -> 
 
 def make_run_ingest(run_id: str = "quickstart-0000", n_packets: int = 100_000, seed: int = 1,
                     status: str = "complete", plan: dict | None = None) -> RunIngest:
-    """A run shaped like a real one: 2 flows, 2 capture points, tcp_probe, 2 qdisc pollers, iperf."""
+    """A run shaped like a real one: 2 flows, 2 capture points, tcp_probe, 2 qdisc pollers, ss, iperf."""
     rng = np.random.default_rng(seed)
     half = n_packets // 2
     flows = [{"flow_id": i, "src_host": "client", "dst_host": "server", "src_addr": src,
@@ -138,6 +150,7 @@ def make_run_ingest(run_id: str = "quickstart-0000", n_packets: int = 100_000, s
         tcp_probe=[("client", tcp_probes(3_000, rng))],
         qdisc_samples=[("aqm", "veth-srv", qdisc_samples(1_000, rng)),
                        ("aqm", "veth-cli", qdisc_samples(1_000, rng))],
+        ss_samples=[("client", ss_samples())],
         iperf_intervals=[(0, iperf_intervals(300, rng, 40_000)), (1, iperf_intervals(300, rng, 40_001))],
     )
 

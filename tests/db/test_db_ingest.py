@@ -35,7 +35,7 @@ from orchestrator.storage.ingest import (
 # conn: 2 points x (IPv4, IPv6 flow) x (TCP, UDP)
 EXPECTED_100K = {"plan": 1, "run": 1, "flow": 2, "artifact": 2, "host_evidence": 6, "capture_point": 2,
                  "conn": 8, "packet": 100_000, "qdelay": 10_000, "qdelay_pair": 1, "tcp_probe": 3_000,
-                 "qdisc_sample": 2_000, "iperf_interval": 600}
+                 "qdisc_sample": 2_000, "ss_sample": 20, "iperf_interval": 600}
 _packets_back = packets_back
 
 
@@ -188,7 +188,7 @@ def test_delete_run_removes_every_row_of_that_run_only(engine) -> None:
         with engine.connect() as conn:
             names = conn.scalars(text("SELECT tablename FROM pg_tables WHERE schemaname = 'tcplab_part'")).all()
         key = table_counts(engine)["run"]
-        assert len(names) == 4 and key == 1
+        assert len(names) == len(tables.PARTITIONED_TABLES) == 5 and key == 1
 
 
 def test_completed_run_ids(engine) -> None:

@@ -30,7 +30,7 @@ def test_migrated_schema_equals_metadata(engine) -> None:
         ctx = MigrationContext.configure(conn, opts={"compare_type": True, "compare_server_default": True})
         diff = compare_metadata(ctx, tables.metadata)
     assert diff == []
-    assert current_revision(engine) == head_revision() == "0002"
+    assert current_revision(engine) == head_revision() == "0003"
     names = set(inspect(engine).get_table_names())
     assert names == set(tables.metadata.tables) | {"alembic_version"}
 
@@ -38,12 +38,13 @@ def test_migrated_schema_equals_metadata(engine) -> None:
 def test_bulk_indexes_exist(engine) -> None:
     insp = inspect(engine)
     got = {t: {ix["name"]: ix["column_names"] for ix in insp.get_indexes(t)}
-           for t in ("packet", "qdelay", "tcp_probe", "qdisc_sample", "iperf_interval")}
+           for t in ("packet", "qdelay", "tcp_probe", "qdisc_sample", "ss_sample", "iperf_interval")}
     assert got == {
         "packet": {"ix_packet_run_ts": ["run_key", "ts_ns"]},
         "qdelay": {"ix_qdelay_run_ts": ["run_key", "ts_in_ns"]},
         "tcp_probe": {"ix_tcp_probe_run_ts": ["run_key", "ts_ns"]},
         "qdisc_sample": {"ix_qdisc_sample_run_ts": ["run_key", "ts_ns"]},
+        "ss_sample": {"ix_ss_sample_run_ts": ["run_key", "ts_ns"]},
         "iperf_interval": {"ix_iperf_interval_run_id": ["run_id"]},
     }
 

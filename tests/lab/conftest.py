@@ -15,7 +15,7 @@ import pytest
 from orchestrator.inventory import Inventory, load_inventory
 from orchestrator.lab import netns
 
-TEST_PREFIX = "tcplabtest"
+TEST_PREFIX = os.environ.get("TCPLAB_TEST_PREFIX", "tcplabtest")  # parallel sessions need their own
 
 
 def lab_unavailable() -> str | None:

@@ -84,3 +84,44 @@ def test_apply_refuses_interfaces_off_the_allow_list_and_unknown_sysctls(lab):
     with pytest.raises(AgentError) as err:
         run(go(HostState(sysctls={"net.ipv4.tcp_tro": "1"})))
     assert err.value.field == "state.sysctls.net.ipv4.tcp_tro" and "does not exist" in str(err.value)
+
+
+def test_apply_reads_back_nic_evidence_module_params_and_neighbours_then_resets_exactly(lab):
+    """Real ethtool/ip/sysfs on the netns lab: coalescing and pause are absent on veth ("off" holds, recorded),
+    a stale neighbour entry is replaced by a permanent one, a built-in module parameter is set, and reset
+    puts all of it back (module parameters are global to the kernel: the three lab hosts share them)."""
+    inv, _ = lab
+    client_if = inv.hosts["client"].iface_toward("aqm")
+    peer = inv.hosts["client"].interfaces[client_if].peer_addr
+    beta_path = "/sys/module/tcp_cubic/parameters/beta"
+    try:
+        beta_before = open(beta_path).read().strip()
+    except OSError:
+        pytest.skip("kernel has no tcp_cubic parameters in /sys/module: no module parameter to set")
+    new_beta = "700" if beta_before != "700" else "650"
+    state = HostState(module_params={"tcp_cubic": {"beta": new_beta}}, interfaces={client_if: InterfaceState(
+        coalesce={"rx-usecs": 0}, pause={"rx": False, "tx": False},
+        neighbours={peer: "02:00:00:00:00:99"})})
+
+    async def go():
+        client = AgentClient("client", inv.hosts["client"].agent, inv.token)
+        hello = await client.connect()
+        try:
+            applied = await client.call("apply", protocol.ApplyArgs(run_id="x", state=state))
+            beta_applied = open(beta_path).read().strip()
+        finally:
+            reset = await client.call("reset", protocol.Empty())
+            await client.close()
+        return hello, protocol.Readback.model_validate(applied["readback"]), beta_applied, reset
+
+    hello, rb, beta_applied, reset = run(go())
+    assert hello.capabilities.coalesce_params[client_if] == [] and hello.capabilities.pause_frames[client_if] is False
+    assert hello.capabilities.drivers[client_if] == "veth"
+    assert beta_applied == new_beta and rb.module_params == {"tcp_cubic": {"beta": new_beta}}
+    irb = rb.interfaces[client_if]
+    assert irb.driver == "veth" and irb.coalesce is None and irb.pause is None
+    assert "Operation not supported" in irb.unsupported["coalesce"]
+    assert {"dst": peer, "lladdr": "02:00:00:00:00:99", "state": ["PERMANENT"]} in irb.neighbours
+    assert rb.uname["release"] and "reno" in rb.congestion_controls["available"]
+    assert reset == {"restored": True, "differences": []}, reset
+    assert open(beta_path).read().strip() == beta_before

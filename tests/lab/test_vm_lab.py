@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import io
 import json
 import os
 import signal
@@ -17,9 +18,15 @@ import time
 from pathlib import Path
 
 import pytest
+from rich.console import Console
+from rich.progress import Progress
+from sqlalchemy import text
 
 from orchestrator.agent_client import AgentClient
+from orchestrator.engine.campaign import run_plan
 from orchestrator.lab import netns, vm, vm_image
+from orchestrator.storage.db import open_db
+from schemas import protocol
 from tests.lab.conftest import lab_unavailable
 
 PREFIX = "tcplabvmt"
@@ -143,6 +150,59 @@ def test_tc_fixtures_match_the_guest_kernel(vm_lab, tmp_path):
     assert summary["uname_r"] in (FIXTURES / "netem_htb_red_ecn.cmd").read_text()
     red = json.loads((tmp_path / "netem_htb_red_ecn.json").read_text())[-1]
     assert red["kind"] == "red" and red["options"]["ecn"] is True
+
+
+RED_ECN_PLAN = Path(__file__).resolve().parents[2] / "experiments" / "vm" / "red-ecn.yaml"
+
+
+def test_red_ecn_plan_applies_reads_back_marks_and_resets(vm_lab, tmp_path):
+    """Issue 4's acceptance: netem 10ms + htb 20mbit + RED (ECN) applied through the guest's agent."""
+    inv, state_dir = vm_lab
+    before = vm.guest_exec(["tc", "-j", "qdisc", "show", "dev", "to-client"], state_dir).stdout
+    url = f"sqlite:///{tmp_path / 'vm.db'}"
+    out = io.StringIO()
+    rc = asyncio.run(run_plan(RED_ECN_PLAN, db_url=url, inventory=netns.inventory_path(state_dir),
+                              results=tmp_path / "results", force=False,
+                              console=Console(file=out, width=300, color_system=None),
+                              progress_factory=lambda: Progress(disable=True)))
+    print(out.getvalue())
+    assert rc == 0, out.getvalue()
+    engine = open_db(url)
+    with engine.connect() as conn:
+        runs = conn.execute(text("SELECT run_id, run_key, status, flags FROM run")).all()
+        assert len(runs) == 2 and all(r.status == "complete" for r in runs), runs
+        for run in runs:
+            evidence = {(e.host, e.phase): json.loads(e.data) if isinstance(e.data, str) else e.data
+                        for e in conn.execute(text("SELECT host, phase, data FROM host_evidence WHERE run_id = :r"),
+                                              {"r": run.run_id})}
+            rb = protocol.Readback.model_validate(evidence[("aqm", "apply")])
+            kinds = [q["kind"] for q in rb.interfaces["to-client"].tc_qdisc]
+            assert kinds == ["netem", "htb", "red"], kinds
+            red = rb.interfaces["to-client"].tc_qdisc[-1]["options"]
+            assert red["ecn"] is True and red["min"] == 5000 and red["max"] == 15000, red
+            assert rb.uname["release"] == inv["vm"]["release"] and "dctcp" in rb.congestion_controls["available"]
+            assert rb.interfaces["to-client"].driver == "virtio_net"
+            assert rb.interfaces["to-client"].coalesce is not None        # evidence: ethtool -c read back
+            assert rb.interfaces["to-client"].neighbours                   # evidence: ip neigh read back
+            for role in ("client", "aqm", "server"):
+                assert evidence[(role, "reset")]["restored"] is True, evidence[(role, "reset")]
+            assert not [f for f in json.loads(run.flags) if "reset left" in f]
+            marked = conn.execute(text(
+                "SELECT count(*) FROM packet p JOIN conn c ON c.run_key = p.run_key AND c.conn_id = p.conn_id "
+                "WHERE p.run_key = :k AND c.point = 'aqm:to-client' AND p.ecn = 3 AND p.payload_len > 0"),
+                {"k": run.run_key}).scalar_one()
+            ect = conn.execute(text(
+                "SELECT count(*) FROM packet p JOIN conn c ON c.run_key = p.run_key AND c.conn_id = p.conn_id "
+                "WHERE p.run_key = :k AND c.point = 'aqm:to-server' AND p.ecn = 2 AND p.payload_len > 0"),
+                {"k": run.run_key}).scalar_one()
+            ce_in_queue = conn.execute(text("SELECT sum(ce), count(*), avg(sojourn_ns) FROM qdelay WHERE run_key = :k"),
+                                       {"k": run.run_key}).one()
+            print(f"{run.run_id}: {marked} CE data packets downstream, {ect} ECT(0) upstream; qdelay: "
+                  f"{ce_in_queue[0]} marked of {ce_in_queue[1]}, mean sojourn {ce_in_queue[2] / 1e6:.2f} ms")
+            assert ect > 1000                # the senders negotiated ECN
+            assert marked > 0 and ce_in_queue[0] > 0   # CE in the capture, and set by this queue
+    after = vm.guest_exec(["tc", "-j", "qdisc", "show", "dev", "to-client"], state_dir).stdout
+    assert [q["kind"] for q in json.loads(after)] == [q["kind"] for q in json.loads(before)]
 
 
 def test_down_after_crash_stops_qemu_and_removes_everything(vm_lab):

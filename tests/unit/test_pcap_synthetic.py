@@ -16,10 +16,22 @@ from scapy.layers.l2 import ARP, CookedLinux, CookedLinuxV2, Dot1AD, Dot1Q
 from scapy.packet import Raw
 from test_pcap import ETH, FIX, T0, TS, assert_same_packets, tshark_packets, view, write
 
-from orchestrator.ingest import addr
-from orchestrator.ingest.pcap import PcapReader, read_pcap, read_pcap_with_stats
+from orchestrator.ingest import addr, pcap_cdecode
+from orchestrator.ingest.pcap import PcapReader, decoder_kind, read_pcap, read_pcap_with_stats
 
 needs_tshark = pytest.mark.skipif(shutil.which("tshark") is None, reason="tshark not installed: no cross-check")
+
+
+@pytest.fixture(autouse=True, params=["c", "numpy"])
+def decoder(request, monkeypatch):
+    """Every edge case through the C header decoder and through the numpy one (its fallback)."""
+    if request.param == "numpy":
+        monkeypatch.setenv("TCPLAB_PCAP_DECODE", "numpy")
+    pcap_cdecode._load.cache_clear()
+    if decoder_kind() != request.param:
+        pytest.skip("no C compiler: the C decoder cannot be built here")
+    yield request.param
+    pcap_cdecode._load.cache_clear()
 
 
 # ---------------------------------------------------------------- synthetic edge cases (scapy)

@@ -168,15 +168,24 @@ def test_bottleneck_point_comes_from_the_qdisc_stats_link():
     assert load.bottleneck_of({}) == (None, None)
 
 
-def test_root_handle_fallback_is_the_largest_backlog():
+def test_queue_handle_fallback_is_the_largest_backlog():
     s = np.zeros(4, dtype=load.QDISC_DTYPE)
     s["handle"] = ["1:", "1:", "10:", "10:"]
     s["parent"] = ["1:1", "1:1", "1:2", "1:2"]      # nothing marked root
     s["backlog_bytes"] = [100, 100, 10, 10]
-    assert load.pick_root_handle(s) == "1:"
+    assert load.pick_queue_handle(s) == "1:"
     s["parent"][2:] = "root"
-    assert load.pick_root_handle(s) == "10:"
-    assert load.pick_root_handle(s[:0]) is None
+    assert load.pick_queue_handle(s) == "10:"
+    assert load.pick_queue_handle(s[:0]) is None
+
+
+def test_queue_handle_steps_below_netem():
+    # netem 1: -> htb 2: -> red 3: as the VM-lab plan builds it (tc -s -j qdisc parents)
+    s = np.zeros(3, dtype=load.QDISC_DTYPE)
+    s["handle"], s["parent"], s["kind"] = ["1:", "2:", "3:"], ["root", "1:1", "2:1"], ["netem", "htb", "red"]
+    s["backlog_bytes"] = [25000 + 3000, 3000, 3000]   # netem's own count includes its delay line
+    assert load.pick_queue_handle(s) == "2:"
+    assert load.pick_queue_handle(s[:1]) == "1:"       # netem alone: nothing below to pick
 
 
 # ---------------------------------------------------------------------------- run_table
@@ -248,12 +257,14 @@ def test_write_report_html_and_csv(engine, tmp_path):
     # titles come from the run metadata
     assert "q-bbr-50" in page and "reno" in page
     images = _images(page)
-    assert len(images) == 2
-    for img in images:
+    # throughput, backlog, queue delay, cwnd (one panel per run), then the CDF and the box plot
+    assert len(images) == 6
+    for i, img in enumerate(images):
         assert img.format == "PNG"
         w, h = img.size
         assert 400 <= w <= 3000 and 200 <= h <= 3000
-        assert w > h                              # two runs side by side in one row
+        if i < 4:
+            assert w > h                          # two runs side by side in one row
         assert len(img.convert("L").getcolors(maxcolors=1 << 16) or []) > 2   # not a blank canvas
 
     with (out / "runs.csv").open(newline="") as fh:

@@ -1,8 +1,7 @@
-"""Pure metric maths over numpy arrays (EXPERIMENTS.md §6): goodput, throughput bins, backlog, cwnd.
+"""M-TPUT and M-UTIL: goodput, throughput bins and link utilisation (pure numpy).
 
-Nothing here touches the database, files or plots: inputs are structured arrays whose field names
-follow orchestrator/ingest/records.py (only the fields a function names are required, so callers may
-pass a narrowed dtype), outputs are numbers, small dataclasses or arrays. Times are integer ns.
+Inputs are structured arrays whose field names follow orchestrator/ingest/records.py (only the fields
+a function names are required). Times are integer ns; bins are half-open [t0 + kΔ, t0 + (k+1)Δ).
 """
 from __future__ import annotations
 
@@ -12,49 +11,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from analysis.metrics.stats import Stats, summary_stats
+
 SEQ_SPACE = 1 << 32
-PERCENTILE_METHOD = "linear"
-"""M-STAT: linear interpolation between closest ranks (Hyndman & Fan type 7), recorded with results."""
-
-
-# ---------------------------------------------------------------------------- M-STAT
-
-def percentile(values: np.ndarray | Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100) by linear interpolation between closest ranks; NaN if empty.
-
-    The one percentile helper of the analysis package, so every table states the same method.
-    """
-    arr = np.asarray(values, dtype=float)
-    if arr.size == 0:
-        return math.nan
-    if not 0.0 <= q <= 100.0:
-        raise ValueError(f"percentile q must be within [0, 100], got {q}")
-    return float(np.percentile(arr, q, method=PERCENTILE_METHOD))
-
-
-@dataclass(frozen=True)
-class Stats:
-    """M-STAT distribution summary; sd is the population sd (ddof=0)."""
-
-    n: int
-    min: float
-    mean: float
-    median: float
-    sd: float
-    p95: float
-    p99: float
-    max: float
-
-
-def summary_stats(values: np.ndarray | Sequence[float]) -> Stats:
-    """M-STAT summary of a sample; all-NaN fields (n=0) for an empty sample."""
-    arr = np.asarray(values, dtype=float)
-    if arr.size == 0:
-        nan = math.nan
-        return Stats(0, nan, nan, nan, nan, nan, nan, nan)
-    return Stats(n=int(arr.size), min=float(arr.min()), mean=float(arr.mean()),
-                 median=percentile(arr, 50), sd=float(arr.std()), p95=percentile(arr, 95),
-                 p99=percentile(arr, 99), max=float(arr.max()))
+ETHERNET_HEADER = 14
+"""Wire bytes = ip_len + 14: what htb counts (M-UTIL); no preamble, FCS or inter-frame gap."""
 
 
 # ---------------------------------------------------------------------------- sequence space
@@ -75,6 +36,12 @@ def unwrap_seq(seq: np.ndarray) -> np.ndarray:
     out[0] = 0
     np.cumsum(step, out=out[1:])
     return out
+
+
+def signed_seq_diff(a: int | np.ndarray, b: int | np.ndarray) -> np.ndarray:
+    """a − b in 32-bit sequence space, as a signed int64 in [−2^31, 2^31)."""
+    d = (np.asarray(a, dtype=np.int64) - np.asarray(b, dtype=np.int64)) % SEQ_SPACE
+    return np.where(d >= SEQ_SPACE // 2, d - SEQ_SPACE, d)
 
 
 def _data_in_time_order(packets: np.ndarray) -> np.ndarray:
@@ -100,6 +67,14 @@ def goodput_advance(packets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     front_after = np.maximum.accumulate(end)
     front_before = np.concatenate(([0], front_after[:-1]))
     return data["ts_ns"].astype(np.int64), np.maximum(end - front_before, 0)
+
+
+def is_retransmission(packets: np.ndarray) -> np.ndarray:
+    """Per data packet in time order: True when it adds no new bytes (a retransmission or duplicate).
+
+    Same order as `goodput_advance`; a segment that fills a hole lost upstream also counts as one."""
+    _, adv = goodput_advance(packets)
+    return adv == 0
 
 
 @dataclass(frozen=True)
@@ -189,6 +164,10 @@ class BinnedSeries:
         return np.arange(self.values.size) * (self.bin_ns / 1e9)
 
 
+def wire_bytes(packets: np.ndarray) -> np.ndarray:
+    return packets["ip_len"].astype(np.int64) + ETHERNET_HEADER
+
+
 def throughput_series(packets: np.ndarray, t0_ns: int, bin_ns: int, n_bins: int | None = None,
                       kind: str = "goodput") -> BinnedSeries:
     """M-TPUT per bin in bit/s for one flow's data-direction packets.
@@ -204,71 +183,45 @@ def throughput_series(packets: np.ndarray, t0_ns: int, bin_ns: int, n_bins: int 
         if kind == "payload":
             nbytes = data["payload_len"]
         elif kind == "wire":
-            nbytes = data["ip_len"].astype(np.int64) + 14
+            nbytes = wire_bytes(data)
         else:
             raise ValueError(f"unknown throughput kind {kind!r}")
     sums = bin_sum(ts, nbytes, t0_ns, bin_ns, n_bins)
     return BinnedSeries(t0_ns=t0_ns, bin_ns=bin_ns, values=sums * 8e9 / bin_ns)
 
 
-# ---------------------------------------------------------------------------- qdisc (M-QLEN, M-DROP)
+# ---------------------------------------------------------------------------- M-UTIL
 
 @dataclass(frozen=True)
-class BacklogStats:
-    """Backlog over a window: sample mean and p99 of bytes and packets, drops counted in the window."""
+class Utilisation:
+    """M-UTIL over a window: per-bin fractions of the configured rate.
 
-    samples: int
-    mean_bytes: float
-    p99_bytes: float
-    mean_packets: float
-    p99_packets: float
-    drops: int
+    `wire` counts ip_len + 14 (what the shaper counts, ≈ 1 when saturated); `payload` counts TCP
+    payload only and is capped at SMSS/(MTU + 14) (1448/1514 = 0.956 with timestamps at MTU 1500)."""
 
-
-def in_window(ts_ns: np.ndarray, start_ns: int | None, end_ns: int | None) -> np.ndarray:
-    """Boolean mask of ts in [start, end]; a None bound is open."""
-    ts = np.asarray(ts_ns)
-    mask = np.ones(ts.shape, dtype=bool)
-    if start_ns is not None:
-        mask &= ts >= start_ns
-    if end_ns is not None:
-        mask &= ts <= end_ns
-    return mask
+    bin_ns: int
+    wire: Stats
+    payload: Stats
+    min_10ms_wire: float      # the minimum 10 ms average (NaN when the window is shorter than 10 ms)
 
 
-def backlog_stats(samples: np.ndarray, start_ns: int | None = None,
-                  end_ns: int | None = None) -> BacklogStats:
-    """M-QLEN/M-DROP summary of one qdisc's time-ordered samples (fields ts_ns, backlog_bytes, qlen,
-    drops) within [start_ns, end_ns].
+def utilisation(flows: Sequence[np.ndarray], rate_bit: float, start_ns: int, end_ns: int,
+                bin_ns: int) -> Utilisation:
+    """M-UTIL of all flows' packets (each downstream of the bottleneck) over whole bins inside
+    [start_ns, end_ns): Σ bytes in bin × 8 / (R × Δ), summarised over bins, plus the minimum
+    10 ms-average of wire utilisation."""
+    if rate_bit <= 0:
+        raise ValueError(f"rate must be positive, got {rate_bit}")
+    data = [p[p["payload_len"] > 0] for p in flows]
+    ts = np.concatenate([p["ts_ns"] for p in data]) if data else np.empty(0, np.int64)
+    wire = np.concatenate([wire_bytes(p) for p in data]) if data else np.empty(0)
+    payload = np.concatenate([p["payload_len"] for p in data]) if data else np.empty(0)
 
-    Samples are taken at a fixed interval, so the sample mean is the time average. `drops` is a
-    counter since qdisc creation: the window's drops are last − first sample in the window.
-    """
-    w = samples[in_window(samples["ts_ns"], start_ns, end_ns)]
-    w = w[np.argsort(w["ts_ns"], kind="stable")]
-    if w.size == 0:
-        nan = math.nan
-        return BacklogStats(0, nan, nan, nan, nan, 0)
-    b = w["backlog_bytes"].astype(float)
-    q = w["qlen"].astype(float)
-    return BacklogStats(samples=int(w.size), mean_bytes=float(b.mean()), p99_bytes=percentile(b, 99),
-                        mean_packets=float(q.mean()), p99_packets=percentile(q, 99),
-                        drops=int(w["drops"][-1] - w["drops"][0]))
+    def fractions(nbytes: np.ndarray, width: int) -> np.ndarray:
+        n = max(0, (end_ns - start_ns) // width)     # whole bins only: a partial bin reads low
+        return bin_sum(ts, nbytes, start_ns, width, n) * 8e9 / (rate_bit * width)
 
-
-# ---------------------------------------------------------------------------- M-CWND
-
-def probe_mask(probe: np.ndarray, sport: int | None = None, dport: int | None = None) -> np.ndarray:
-    """tcp_probe events of one connection seen at its sender: local port sport, remote port dport."""
-    mask = np.ones(probe.shape, dtype=bool)
-    if sport is not None:
-        mask &= probe["sport"] == sport
-    if dport is not None:
-        mask &= probe["dport"] == dport
-    return mask
-
-
-def mean_cwnd(probe: np.ndarray, sport: int | None = None, dport: int | None = None) -> float:
-    """Mean snd_cwnd (segments) over a flow's tcp_probe events (one per incoming ACK); NaN if none."""
-    cwnd = probe["snd_cwnd"][probe_mask(probe, sport, dport)]
-    return float(cwnd.mean()) if cwnd.size else math.nan
+    ten = fractions(wire, 10_000_000)
+    return Utilisation(bin_ns=bin_ns, wire=summary_stats(fractions(wire, bin_ns)),
+                       payload=summary_stats(fractions(payload, bin_ns)),
+                       min_10ms_wire=float(ten.min()) if ten.size else math.nan)

@@ -1,0 +1,221 @@
+"""The host-state executor: apply a HostState, read it back, and reset to the hello-time snapshot.
+
+Only interfaces on the agent's allow-list are touched. Everything apply changes is snapshotted first (at hello,
+or on first write for sysctls and module parameters outside the baseline), and reset restores exactly that.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from agents import procs
+from agents.host import ethtool
+from agents.host.argv import OFFLOAD_LONG_NAMES, chain_argv, offload_argv, readback_argv, root_delete_argv
+from agents.host.state import (
+    StateError,
+    ensure_module,
+    module_param_path,
+    read_coalesce,
+    read_features,
+    read_module_param,
+    read_neighbours,
+    read_pause,
+    read_sysctl,
+    readback,
+    sysctl_path,
+    write_module_param,
+    write_sysctl,
+)
+from schemas.hoststate import HostState, InterfaceState
+from schemas.protocol import Readback
+
+
+@dataclass
+class InterfaceSnapshot:
+    features: dict[str, bool] = field(default_factory=dict)       # ethtool -K short name -> on
+    root_kind: str = "noqueue"
+    coalesce: dict[str, int | bool] | None = None                 # None: the driver has none
+    pause: dict[str, bool] | None = None
+    neighbours: dict[str, str] = field(default_factory=dict)      # PERMANENT entries: addr -> lladdr
+
+
+@dataclass
+class Snapshot:
+    """What the host looked like at hello; reset() returns it there."""
+    sysctls: dict[str, str] = field(default_factory=dict)
+    module_params: dict[tuple[str, str], str] = field(default_factory=dict)
+    interfaces: dict[str, InterfaceSnapshot] = field(default_factory=dict)
+
+
+def snapshot_interface(dev: str) -> InterfaceSnapshot:
+    feats = read_features(dev)
+    root = [q for q in json.loads(procs.run(readback_argv(dev)["tc_qdisc"]).stdout) if q.get("root")]
+    return InterfaceSnapshot(
+        features={short: bool(feats[long]["active"]) for short, long in OFFLOAD_LONG_NAMES.items() if long in feats},
+        root_kind=root[0]["kind"] if root else "noqueue",
+        coalesce=read_coalesce(dev)[0], pause=read_pause(dev)[0],
+        neighbours=ethtool.permanent_neighbours(read_neighbours(dev)))
+
+
+def take_snapshot(interfaces: list[str], sysctl_names: list[str]) -> Snapshot:
+    return Snapshot(sysctls={n: read_sysctl(n) for n in sysctl_names if sysctl_path(n).exists()},
+                    interfaces={dev: snapshot_interface(dev) for dev in interfaces})
+
+
+def snapshot_differences(want: Snapshot, got: Snapshot) -> list[str]:
+    """Pure: what differs between the hello snapshot and the state after reset."""
+    diffs = [f"sysctl {k}: {got.sysctls.get(k)!r} != snapshot {v!r}"
+             for k, v in want.sysctls.items() if got.sysctls.get(k) != v]
+    diffs += [f"module parameter {m}.{p}: {got.module_params.get((m, p))!r} != snapshot {v!r}"
+              for (m, p), v in want.module_params.items() if got.module_params.get((m, p)) != v]
+    for dev, w in want.interfaces.items():
+        g = got.interfaces[dev]
+        diffs += [f"{dev} offload {k}: {g.features.get(k)} != snapshot {v}"
+                  for k, v in w.features.items() if g.features.get(k) != v]
+        if g.root_kind != w.root_kind:
+            diffs.append(f"{dev} root qdisc {g.root_kind} != snapshot {w.root_kind}")
+        for what in ("coalesce", "pause", "neighbours"):
+            if getattr(g, what) != getattr(w, what):
+                diffs.append(f"{dev} {what} {getattr(g, what)} != snapshot {getattr(w, what)}")
+    return diffs
+
+
+class HostStateExecutor:
+    def __init__(self, interfaces: list[str]):
+        self.interfaces = list(interfaces)
+        self.snapshot = Snapshot()
+        self.touched_sysctls: set[str] = set()
+        self.touched_params: set[tuple[str, str]] = set()
+
+    def snapshot_now(self, sysctl_names: list[str]) -> None:
+        self.snapshot = take_snapshot(self.interfaces, sysctl_names)
+
+    def check_allowed(self, state: HostState) -> None:
+        for dev in state.interfaces:
+            if dev not in self.interfaces:
+                raise StateError(f"interface {dev!r} is not on this agent's allow-list {self.interfaces}",
+                                 field=f"state.interfaces.{dev}")
+        for name in state.sysctls:
+            sysctl_path(name)
+
+    def apply(self, state: HostState) -> Readback:
+        self.check_allowed(state)
+        for name, value in state.sysctls.items():
+            if name not in self.snapshot.sysctls and sysctl_path(name).exists():
+                self.snapshot.sysctls[name] = read_sysctl(name)
+            write_sysctl(name, value)
+            self.touched_sysctls.add(name)
+        self._apply_module_params(state.module_params)
+        if state.flush_tcp_metrics:
+            procs.run(["ip", "tcp_metrics", "flush", "all"], check=False)
+        for dev, ifstate in state.interfaces.items():
+            self._apply_interface(dev, ifstate)
+        return readback(self.interfaces, sorted(set(state.sysctls) | self.touched_sysctls),
+                        {m: sorted(p) for m, p in state.module_params.items()})
+
+    def _apply_module_params(self, params: dict[str, dict[str, str]]) -> None:
+        for module, values in params.items():
+            ensure_module(module)
+            for param, value in values.items():
+                key = (module, param)
+                if key not in self.snapshot.module_params and module_param_path(module, param).exists():
+                    self.snapshot.module_params[key] = read_module_param(module, param)
+                write_module_param(module, param, value)   # names the module and parameter if missing
+                self.touched_params.add(key)
+
+    def _apply_interface(self, dev: str, ifstate: InterfaceState) -> None:
+        self._apply_offloads(dev, ifstate.offloads)
+        self._apply_coalesce(dev, ifstate.coalesce)
+        self._apply_pause(dev, ifstate.pause)
+        for addr, lladdr in ifstate.neighbours.items():
+            procs.run(ethtool.neigh_replace_argv(dev, addr, lladdr))
+        self._reset_root(dev)
+        for argv in chain_argv(dev, list(ifstate.qdiscs)):
+            try:
+                procs.run(argv)
+            except procs.CommandFailed as exc:
+                raise StateError(str(exc), field=f"state.interfaces.{dev}.qdiscs") from exc
+
+    def _apply_offloads(self, dev: str, wanted: dict[str, bool]) -> None:
+        feats = read_features(dev)
+        changes = {}
+        for short, on in wanted.items():
+            long = OFFLOAD_LONG_NAMES.get(short)
+            if long is None or long not in feats:
+                raise StateError(f"offload {short!r} is not a feature of {dev}",
+                                 field=f"state.interfaces.{dev}.offloads.{short}")
+            if bool(feats[long]["active"]) == on:
+                continue
+            if feats[long].get("fixed"):
+                raise StateError(f"offload {short} on {dev} is fixed {'on' if not on else 'off'}",
+                                 field=f"state.interfaces.{dev}.offloads.{short}")
+            changes[short] = on
+        if changes:
+            procs.run(offload_argv(dev, changes))
+
+    def _apply_coalesce(self, dev: str, wanted: dict[str, int | bool]) -> None:
+        """Set what differs; parameters the driver lacks may only be asked to be off (they are, trivially)."""
+        if not wanted:
+            return
+        have, why = read_coalesce(dev)
+        have = have or {}
+        missing = sorted(k for k, v in wanted.items() if k not in have and v)
+        if missing:
+            raise StateError(f"{dev} has no coalescing parameter {', '.join(missing)}"
+                             f"{f' ({why})' if why else ''}", field=f"state.interfaces.{dev}.coalesce")
+        changes = {k: v for k, v in wanted.items() if k in have and have[k] != v}
+        if changes:
+            self._run(ethtool.coalesce_argv(dev, changes), f"state.interfaces.{dev}.coalesce")
+
+    def _apply_pause(self, dev: str, wanted: dict[str, bool]) -> None:
+        if not wanted:
+            return
+        have, why = read_pause(dev)
+        if have is None:
+            if any(wanted.values()):
+                raise StateError(f"{dev} has no pause-frame settings ({why})", field=f"state.interfaces.{dev}.pause")
+            return   # no pause frames at all: "off" holds
+        changes = {k: v for k, v in wanted.items() if have.get(k) != v}
+        if changes:
+            self._run(ethtool.pause_argv(dev, changes), f"state.interfaces.{dev}.pause")
+
+    @staticmethod
+    def _run(argv: list[str], where: str) -> None:
+        try:
+            procs.run(argv)
+        except procs.CommandFailed as exc:
+            raise StateError(str(exc), field=where) from exc
+
+    def _reset_root(self, dev: str) -> None:
+        procs.run(root_delete_argv(dev), check=False)  # fails harmlessly when the root is the default
+
+    def reset(self) -> list[str]:
+        """Restore the hello snapshot; return the differences that remain (empty = exact)."""
+        for name in sorted(self.touched_sysctls):
+            if name in self.snapshot.sysctls:
+                write_sysctl(name, self.snapshot.sysctls[name])
+        for (module, param) in sorted(self.touched_params):
+            if (module, param) in self.snapshot.module_params:
+                write_module_param(module, param, self.snapshot.module_params[(module, param)])
+        for dev in self.interfaces:
+            self._reset_interface(dev, self.snapshot.interfaces.get(dev) or InterfaceSnapshot())
+        after = take_snapshot(self.interfaces, sorted(self.snapshot.sysctls))
+        after.module_params = {k: read_module_param(*k) for k in self.snapshot.module_params}
+        self.touched_sysctls.clear()
+        self.touched_params.clear()
+        return snapshot_differences(self.snapshot, after)
+
+    def _reset_interface(self, dev: str, snap: InterfaceSnapshot) -> None:
+        self._reset_root(dev)
+        self._apply_offloads(dev, snap.features)
+        if snap.coalesce is not None:
+            self._apply_coalesce(dev, snap.coalesce)
+        if snap.pause is not None:
+            self._apply_pause(dev, snap.pause)
+        now = ethtool.permanent_neighbours(read_neighbours(dev))
+        for addr, lladdr in now.items():
+            if snap.neighbours.get(addr) != lladdr:
+                procs.run(ethtool.neigh_delete_argv(dev, addr), check=False)
+        for addr, lladdr in snap.neighbours.items():
+            if now.get(addr) != lladdr:
+                procs.run(ethtool.neigh_replace_argv(dev, addr, lladdr))

@@ -1,0 +1,114 @@
+"""`tcplab compare A B`: two selections of runs side by side, per-metric differences and Welch's t-test
+over repetitions (the unit is a run: per-packet samples of one run are autocorrelated and would make any
+difference look significant).
+
+`compare_results` is pure (analysed runs in, ComparisonRow values out); `compare` adds the DB reading
+and `format_comparison` the rich table.
+"""
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy.engine import Engine
+
+from analysis.load import iter_runs
+from analysis.runstats import RunAnalysis, analyse
+from analysis.select import Selection, resolve
+from analysis.significance import welch_t_test
+
+SIGNIFICANCE = 0.05
+
+
+def _flows_mean(r: RunAnalysis, get: Callable) -> float:
+    vals = [v for v in (get(f) for f in r.flows) if not math.isnan(v)]
+    return float(np.mean(vals)) if vals else math.nan
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    name: str
+    unit: str
+    value: Callable[[RunAnalysis], float]
+    scale: float = 1.0            # display factor (bit/s -> Mbit/s)
+
+
+METRICS: tuple[MetricDef, ...] = (
+    MetricDef("goodput", "Mbit/s", lambda r: r.row.goodput_bps, 1e-6),
+    MetricDef("utilisation (wire)", "%", lambda r: r.utilisation.wire.mean if r.utilisation else math.nan, 100),
+    MetricDef("utilisation (payload)", "%", lambda r: r.utilisation.payload.mean if r.utilisation else math.nan,
+              100),
+    MetricDef("queue delay mean", "ms", lambda r: r.qdelay.mean, 1e-3),
+    MetricDef("queue delay median", "ms", lambda r: r.qdelay.median, 1e-3),
+    MetricDef("queue delay p99", "ms", lambda r: r.qdelay.p99, 1e-3),
+    MetricDef("RTT median (timestamps)", "ms", lambda r: _flows_mean(r, lambda f: f.rtt.median), 1e-3),
+    MetricDef("srtt mean (tcp_probe)", "ms", lambda r: _flows_mean(r, lambda f: f.srtt.mean), 1e-3),
+    MetricDef("cwnd mean", "segments", lambda r: _flows_mean(r, lambda f: f.cwnd.mean)),
+    MetricDef("Jain's index", "", lambda r: r.jain),
+    MetricDef("drop rate (qdisc)", "%", lambda r: r.qdisc_drop_rate, 100),
+    MetricDef("CE fraction", "%", lambda r: _flows_mean(r, lambda f: f.signals.ce_fraction), 100),
+    MetricDef("retransmissions", "per run", lambda r: float(sum(f.retransmissions for f in r.flows))),
+)
+"""What compare shows, one value per run each (flow metrics are averaged over the run's flows)."""
+
+
+@dataclass(frozen=True)
+class ComparisonRow:
+    metric: str
+    unit: str
+    a: tuple[float, ...]          # per-run values, display units
+    b: tuple[float, ...]
+    mean_a: float
+    mean_b: float
+    diff: float                   # mean_b − mean_a
+    rel: float                    # diff / |mean_a|
+    t: float
+    df: float
+    p: float                      # Welch two-sided; NaN with < 2 runs on a side or no spread
+
+
+def compare_results(a: Sequence[RunAnalysis], b: Sequence[RunAnalysis]) -> list[ComparisonRow]:
+    rows = []
+    for metric in METRICS:
+        va = tuple(metric.value(r) * metric.scale for r in a)
+        vb = tuple(metric.value(r) * metric.scale for r in b)
+        w = welch_t_test(va, vb)
+        rel = w.diff / abs(w.mean_a) if w.mean_a and not math.isnan(w.mean_a) else math.nan
+        rows.append(ComparisonRow(metric.name, metric.unit, va, vb, w.mean_a, w.mean_b, w.diff, rel, w.t, w.df, w.p))
+    return rows
+
+
+def _num(v: float, fmt: str = ".4g") -> str:
+    return "–" if v is None or math.isnan(v) else format(v, fmt)
+
+
+def format_comparison(sel_a: Selection, sel_b: Selection, rows: Sequence[ComparisonRow], width: int = 160) -> str:
+    """Plain text (no colour codes) so it can be piped and tested."""
+    table = Table(title=f"A = {sel_a.label} ({len(sel_a.run_ids)} runs)   B = {sel_b.label} "
+                        f"({len(sel_b.run_ids)} runs)")
+    for header, right in (("metric", False), ("unit", False), ("A mean", True), ("B mean", True),
+                          ("B − A", True), ("B − A %", True), ("Welch p", True), ("", False)):
+        table.add_column(header, justify="right" if right else "left")
+    for r in rows:
+        verdict = "" if math.isnan(r.p) else ("significant" if r.p < SIGNIFICANCE else "n.s.")
+        table.add_row(r.metric, r.unit, _num(r.mean_a), _num(r.mean_b), _num(r.diff),
+                      _num(100 * r.rel, "+.1f"), _num(r.p, ".3g"), verdict)
+    buf = io.StringIO()
+    Console(file=buf, width=width, color_system=None, force_terminal=False).print(table)
+    few = min(len(sel_a.run_ids), len(sel_b.run_ids)) < 2
+    note = (f"Welch's t-test over runs (two-sided, α = {SIGNIFICANCE}); "
+            + ("no test: a side has fewer than 2 runs (repetitions)." if few else "each run is one sample."))
+    return buf.getvalue() + note + "\n"
+
+
+def compare(engine: Engine, selector_a: str, selector_b: str) -> tuple[Selection, Selection, list[ComparisonRow]]:
+    """Resolve both selectors (SelectorError if either names no run), analyse their runs, compare."""
+    sel_a, sel_b = resolve(engine, selector_a), resolve(engine, selector_b)
+    res_a = [analyse(d) for d in iter_runs(engine, list(sel_a.run_ids), detail=True)]
+    res_b = [analyse(d) for d in iter_runs(engine, list(sel_b.run_ids), detail=True)]
+    return sel_a, sel_b, compare_results(res_a, res_b)

@@ -1,0 +1,65 @@
+"""On this machine's netns lab (no netem in the kernel), a plan that needs netem is refused before any host is
+touched, and the message names the host, its kernel release and `netem`."""
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from rich.progress import Progress
+from sqlalchemy import inspect, text
+
+from orchestrator.engine.campaign import run_plan
+from orchestrator.lab import netns
+from orchestrator.storage.db import open_db
+
+VM_PLAN = Path(__file__).resolve().parents[2] / "experiments" / "vm" / "red-ecn.yaml"
+
+
+def _host_view(ns: str, dev: str) -> tuple[str, str]:
+    def run(*argv: str) -> str:
+        return subprocess.run(["ip", "netns", "exec", ns, *argv], capture_output=True, text=True, check=True).stdout
+    return run("tc", "-j", "qdisc", "show", "dev", dev), run("sysctl", "-n", "net.ipv4.tcp_ecn")
+
+
+def kernel_has_netem() -> bool:
+    ns = "tcplabtest-netemprobe"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        return subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "root", "netem"],
+                              capture_output=True).returncode == 0
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+def test_netem_plan_is_refused_naming_host_kernel_and_netem(lab, tmp_path):
+    inv, state_dir = lab
+    if kernel_has_netem():
+        pytest.skip(f"kernel {os.uname().release} has netem: nothing to refuse here (the VM-lab test runs the plan)")
+    aqm_ns = inv.hosts["aqm"].namespace
+    dev = inv.hosts["aqm"].iface_toward("client")
+    before = _host_view(aqm_ns, dev)
+    out = io.StringIO()
+    url = f"sqlite:///{tmp_path / 'refused.db'}"
+    rc = asyncio.run(run_plan(VM_PLAN, db_url=url, inventory=netns.inventory_path(state_dir),
+                              results=tmp_path / "results", force=False,
+                              console=Console(file=out, width=300, color_system=None),
+                              progress_factory=lambda: Progress(disable=True)))
+    message = out.getvalue()
+    print(message)
+    assert rc == 3
+    assert "refused before touching any host" in message
+    assert f"host aqm (kernel {os.uname().release}) lacks qdisc netem" in message
+    assert f"host aqm (kernel {os.uname().release}) lacks qdisc red" in message
+    assert _host_view(aqm_ns, dev) == before             # no qdisc and no sysctl was changed
+    engine = open_db(url)
+    if "run" in inspect(engine).get_table_names():
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM run")).scalar_one() == 0
+    assert not any((tmp_path / "results").glob("*/runspec.json"))
+    assert json.loads(before[0])                          # the view compared above was real tc output
