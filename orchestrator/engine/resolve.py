@@ -14,7 +14,9 @@ from schemas import protocol
 from schemas.hoststate import HostState, InterfaceState
 
 LEAD_NS = 700_000_000
-TAIL_NS = 1_000_000_000
+# > libpcap's TPACKET_V3 block timeout (tcpdump: 1000 ms): a partly filled block is handed to tcpdump only
+# when it retires, and SIGTERM does not flush it, so the final ACKs and FINs need this long (G-CAPTURE)
+TAIL_NS = 1_500_000_000
 
 
 class ResolveError(ValueError):

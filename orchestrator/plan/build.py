@@ -169,8 +169,21 @@ def host_plans(t: RunTemplate, roles: list[str], kernels: dict[str, KernelVarian
 
 
 def capture_points(t: RunTemplate) -> list[CapturePoint]:
-    return [CapturePoint(link=LinkRef(host=c.host, toward=c.toward), snaplen=c.snaplen.value)
-            for c in t.captures]
+    if t.captures is not None:
+        return [CapturePoint(link=LinkRef(host=c.host, toward=c.toward), snaplen=c.snaplen.value)
+                for c in t.captures]
+    return default_capture_points(t)
+
+
+def default_capture_points(t: RunTemplate) -> list[CapturePoint]:
+    """The bottleneck host's egress toward the bottleneck and its interfaces toward the other ends of the
+    flows crossing it: one clock on both sides of the queue, so every packet gets its queue delay."""
+    if t.bottleneck is None:
+        return []
+    host, toward = t.bottleneck.at.host, t.bottleneck.at.toward
+    others = sorted({end for f in flow_plans(t) if toward in (f.src, f.dst)
+                     for end in (f.src, f.dst) if end not in (host, toward)})
+    return [CapturePoint(link=LinkRef(host=host, toward=role)) for role in [toward, *others]]
 
 
 def qdisc_stat_links(t: RunTemplate) -> tuple[list[LinkRef], int]:

@@ -222,7 +222,7 @@ def run_problems(t: RunTemplate, roles: list[str], kernels: set[str] | None = No
     _hosts(t, roles, out)
     _flows(t, roles, out)
     seen: dict[tuple[str, str], int] = {}
-    for i, c in enumerate(t.captures):
+    for i, c in enumerate(t.captures or []):
         _link(roles, c.host, c.toward, ("captures", i), out)
         if not 96 <= c.snaplen.value <= 65535:
             out.append(Problem(("captures", i, "snaplen"), "snaplen must be 96..65535 bytes (96 keeps the "

@@ -169,7 +169,10 @@ class RunTemplate(Strict):
     hosts: dict[Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,31}$")], HostSettings] = _f(
         {}, "host settings by role; the key `all` applies to every role (role settings win per key)",
         {"all": {"sysctls": {"net.ipv4.tcp_sack": 1}}})
-    captures: list[Capture] = _f([], "packet capture points", [{"host": "aqm", "toward": "client"}])
+    captures: list[Capture] | None = _f(
+        None, "packet capture points; default: both sides of the bottleneck host (toward the bottleneck and "
+        "toward the flows' other end), paired for per-packet queue delay; [] captures nothing",
+        [{"host": "aqm", "toward": "client"}])
     qdisc_stats: QdiscStats | None = _f(None, "qdisc statistics polling",
                                         {"links": [{"host": "aqm", "toward": "client"}], "interval": "10ms"})
     background: list[Traffic] = _f(

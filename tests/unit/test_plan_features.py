@@ -163,3 +163,21 @@ experiments:
     assert header == ["parameter", "e1", "e2"]
     assert ["cc [no arm, a-x]", "reno", "reno"] in rows and ["cc [b-y]", "–", "cubic"] in rows
     assert "duration" in render(header, rows, fixed)
+
+
+def test_default_capture_points_are_both_sides_of_the_bottleneck() -> None:
+    text = """name: caps
+roles: [client, aqm, server, server2]
+run:
+  duration: 5s
+  bottleneck: {at: {host: aqm, toward: client}, rate: 20mbit, queue: {kind: pfifo, limit: 100}}
+  traffic: {src: server, dst: client, cc: reno, flows: 1}
+  background: [{tool: iperf3, src: server2, dst: client, cc: cubic, flows: 1, base_port: 6000}]
+"""
+    (run,) = expand(load_plan_text(text, "caps.yaml"))
+    assert [(c.link.host, c.link.toward) for c in run.captures] == [("aqm", "client"), ("aqm", "server"),
+                                                                    ("aqm", "server2")]
+    (none,) = expand(load_plan_text(text + "  captures: []\n", "caps.yaml"))
+    assert none.captures == []
+    (own,) = expand(load_plan_text(text + "  captures: [{host: client, toward: aqm}]\n", "caps.yaml"))
+    assert [(c.link.host, c.link.toward) for c in own.captures] == [("client", "aqm")]
