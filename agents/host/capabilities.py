@@ -11,7 +11,7 @@ from pathlib import Path
 
 from agents import procs
 from agents.host.argv import OFFLOAD_LONG_NAMES
-from agents.host.state import read_coalesce, read_driver, read_features, read_pause
+from agents.host.state import congestion_controls, read_coalesce, read_driver, read_features, read_pause
 from schemas.protocol import Capabilities
 
 # minimal parameters each qdisc needs to be accepted as a root qdisc
@@ -79,11 +79,6 @@ def _first_line(argv: list[str]) -> str:
     return text[0] if text else "unknown"
 
 
-def _words(path: str) -> list[str]:
-    p = Path(path)
-    return p.read_text().split() if p.exists() else []
-
-
 def probe(interfaces: list[str]) -> Capabilities:
     root = tracefs_root()
     tracepoints = []
@@ -95,11 +90,12 @@ def probe(interfaces: list[str]) -> Capabilities:
         features[dev] = {short: not bool(feats[long].get("fixed"))
                          for short, long in OFFLOAD_LONG_NAMES.items() if long in feats}
     coalesce = {dev: sorted(read_coalesce(dev)[0] or {}) for dev in interfaces}
+    ccs = congestion_controls()
     return Capabilities(
         kernel_release=os.uname().release,
         qdiscs=probe_qdiscs(),
-        congestion_controls=_words("/proc/sys/net/ipv4/tcp_available_congestion_control"),
-        allowed_congestion_controls=_words("/proc/sys/net/ipv4/tcp_allowed_congestion_control"),
+        congestion_controls=ccs["available"],
+        allowed_congestion_controls=ccs["allowed"],
         offload_features=features,
         coalesce_params=coalesce,
         pause_frames={dev: read_pause(dev)[0] is not None for dev in interfaces},

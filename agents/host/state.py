@@ -51,10 +51,16 @@ def write_sysctl(name: str, value: str) -> None:
                          field=f"state.sysctls.{name}") from exc
 
 
+def module_dir(module: str) -> Path:
+    if not MODULE_NAME.match(module):
+        raise StateError(f"not a module name: {module!r}", field=f"state.module_params.{module}")
+    return Path("/sys/module") / module
+
+
 def module_param_path(module: str, param: str) -> Path:
-    if not MODULE_NAME.match(module) or not PARAM_NAME.match(param):
+    if not PARAM_NAME.match(param):
         raise StateError(f"not a module parameter: {module}.{param}", field=f"state.module_params.{module}")
-    return Path("/sys/module") / module / "parameters" / param
+    return module_dir(module) / "parameters" / param
 
 
 def read_module_param(module: str, param: str) -> str:
@@ -63,10 +69,9 @@ def read_module_param(module: str, param: str) -> str:
 
 def ensure_module(module: str) -> None:
     """A CC module loads on first use; its parameters must be set before that, so load it now (G-CC)."""
-    root = module_param_path(module, "x").parent.parent
-    if not root.exists():
+    if not module_dir(module).exists():
         procs.run(["modprobe", module], check=False)
-    if not root.exists():
+    if not module_dir(module).exists():
         raise StateError(f"module {module} is not loaded and cannot be loaded on kernel {os.uname().release}",
                          field=f"state.module_params.{module}")
 
@@ -93,23 +98,22 @@ def read_driver(dev: str) -> str:
     return ""
 
 
-def read_coalesce(dev: str) -> tuple[dict[str, int | bool] | None, str | None]:
-    """(parameters, None) or (None, the driver's refusal)."""
-    done = procs.run(["ethtool", "-c", dev], check=False)
+def _read_unless_unsupported(argv: list[str], parse):
+    """(parse(stdout), None), or (None, the driver's refusal) when it lacks the operation."""
+    done = procs.run(argv, check=False)
     if reason := ethtool.unsupported_reason(done.returncode, done.stderr):
         return None, reason
     if done.returncode != 0:
         raise procs.CommandFailed(done.argv, done.returncode, done.stderr)
-    return ethtool.parse_coalesce(done.stdout), None
+    return parse(done.stdout), None
+
+
+def read_coalesce(dev: str) -> tuple[dict[str, int | bool] | None, str | None]:
+    return _read_unless_unsupported(["ethtool", "-c", dev], ethtool.parse_coalesce)
 
 
 def read_pause(dev: str) -> tuple[dict[str, bool] | None, str | None]:
-    done = procs.run(["ethtool", "--json", "-a", dev], check=False)
-    if reason := ethtool.unsupported_reason(done.returncode, done.stderr):
-        return None, reason
-    if done.returncode != 0:
-        raise procs.CommandFailed(done.argv, done.returncode, done.stderr)
-    return ethtool.parse_pause_json(done.stdout), None
+    return _read_unless_unsupported(["ethtool", "--json", "-a", dev], ethtool.parse_pause_json)
 
 
 def read_neighbours(dev: str) -> list[dict]:
@@ -161,15 +165,18 @@ def _words(path: str) -> list[str]:
     return p.read_text().split() if p.exists() else []
 
 
+def congestion_controls() -> dict[str, list[str]]:
+    return {"available": _words("/proc/sys/net/ipv4/tcp_available_congestion_control"),
+            "allowed": _words("/proc/sys/net/ipv4/tcp_allowed_congestion_control")}
+
+
 def readback(interfaces: list[str], sysctl_names: list[str],
              module_params: dict[str, list[str]] | None = None) -> Readback:
     u = os.uname()
     return Readback(
         kernel_release=u.release,
         uname={"sysname": u.sysname, "release": u.release, "version": u.version, "machine": u.machine},
-        congestion_controls={
-            "available": _words("/proc/sys/net/ipv4/tcp_available_congestion_control"),
-            "allowed": _words("/proc/sys/net/ipv4/tcp_allowed_congestion_control")},
+        congestion_controls=congestion_controls(),
         sysctls={n: read_sysctl(n) for n in sysctl_names if sysctl_path(n).exists()},
         module_params={m: {p: read_module_param(m, p) for p in params if module_param_path(m, p).exists()}
                        for m, params in (module_params or {}).items()},

@@ -84,17 +84,16 @@ def schedule_tasks(spec: RunSpec, inv: Inventory, tl: Timeline) -> dict[str, lis
         tasks[link.host].append(protocol.QdiscStatsTask(task_id=f"qdisc-{i}", start_ns=tl.start_ns,
                                                         stop_ns=tl.stop_ns, interface=iface,
                                                         interval_ms=spec.qdisc_stats_interval_ms))
-    if spec.tcp_probe:
-        for role in spec.senders:
-            ports = sorted({f.port for f in spec.flows if f.src == role})
+    for role in spec.senders:
+        mine = [f for f in spec.flows if f.src == role]
+        ports = sorted({f.port for f in mine})
+        if spec.tcp_probe:
             tasks[role].append(protocol.TcpProbeTask(task_id="tcp-probe", start_ns=tl.start_ns,
                                                      stop_ns=tl.stop_ns, ports=ports))
-    if spec.ss_interval_ms:
-        for role in spec.senders:
-            mine = [f for f in spec.flows if f.src == role]
+        if spec.ss_interval_ms:
             tasks[role].append(protocol.SsSampleTask(
                 task_id="ss-sample", start_ns=tl.start_ns, stop_ns=tl.stop_ns, interval_ms=spec.ss_interval_ms,
-                ports=sorted({f.port for f in mine}), dst_addrs=sorted({inv.hosts[f.dst].data_addr for f in mine})))
+                ports=ports, dst_addrs=sorted({inv.hosts[f.dst].data_addr for f in mine})))
     return {role: t for role, t in tasks.items() if t}
 
 
