@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from agents import procs
+from agents.host.argv import tc_handle
 from agents.host.capabilities import tracefs_root
 from schemas import protocol
 
@@ -196,10 +197,6 @@ class TcpProbe(TaskRunner):
 QDISC_CSV_HEADER = "ts_ns,handle,parent,kind,bytes,packets,drops,overlimits,requeues,backlog_bytes,qlen\n"
 
 
-def _handle(h: int) -> str:
-    return f"{h >> 16:x}:" if h & 0xFFFF == 0 else f"{h >> 16:x}:{h & 0xFFFF:x}"
-
-
 class QdiscStats(TaskRunner):
     """Samples every qdisc on one interface over netlink at a fixed interval (a thread keeps the beat)."""
 
@@ -222,8 +219,8 @@ class QdiscStats(TaskRunner):
                 for q in ipr.get_qdiscs(index=idx):
                     st = q.get_attr("TCA_STATS2")
                     basic, queue = st.get_attr("TCA_STATS_BASIC"), st.get_attr("TCA_STATS_QUEUE")
-                    parent = "root" if q["parent"] == 0xFFFFFFFF else _handle(q["parent"])
-                    lines.append(f"{ts},{_handle(q['handle'])},{parent},{q.get_attr('TCA_KIND')},"
+                    parent = "root" if q["parent"] == 0xFFFFFFFF else tc_handle(q["parent"])
+                    lines.append(f"{ts},{tc_handle(q['handle'])},{parent},{q.get_attr('TCA_KIND')},"
                                  f"{basic['bytes']},{basic['packets']},{queue['drops']},"
                                  f"{queue['overlimits']},{queue['requeues']},{queue['backlog']},"
                                  f"{queue['qlen']}\n")

@@ -50,6 +50,11 @@ class ChainError(ValueError):
     pass
 
 
+def tc_handle(h: int) -> str:
+    """A netlink 32-bit handle as tc prints it: "1:" for a qdisc (minor 0), "1:1" for a class."""
+    return f"{h >> 16:x}:" if h & 0xFFFF == 0 else f"{h >> 16:x}:{h & 0xFFFF:x}"
+
+
 def tc_time(ns: int) -> str:
     """A time for tc: whole microseconds where exact (tc's parser is microsecond-based), else fractional."""
     return f"{ns // 1000}us" if ns % 1000 == 0 else f"{ns / 1000:.3f}us"

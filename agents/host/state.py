@@ -15,7 +15,7 @@ from pyroute2 import IPRoute
 
 from agents import procs
 from agents.host import ethtool
-from agents.host.argv import readback_argv
+from agents.host.argv import readback_argv, tc_handle
 from schemas.protocol import InterfaceReadback, Readback
 
 SYSCTL_NAME = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_-]+)+$")
@@ -153,7 +153,7 @@ def read_htb_classes(dev: str) -> list[dict]:
             parms = msg.get_attr("TCA_OPTIONS").get_attr("TCA_HTB_PARMS")
             handle = msg["handle"]
             out.append({
-                "classid": f"{handle >> 16:x}:{handle & 0xFFFF:x}",
+                "classid": tc_handle(handle),
                 "rate_bit": parms["rate"] * 8, "ceil_bit": parms["ceil"] * 8,
                 "quantum_bytes": parms["quantum"], "prio": parms["prio"],
             })
