@@ -19,11 +19,11 @@ import numpy as np
 from orchestrator.ingest import cbuild, records
 from orchestrator.ingest.pcap_format import Frames
 
-FIELDS = ("ts_ns", "src_addr", "dst_addr", "seq", "ack", "tsval", "tsecr", "src_port", "dst_port", "payload_len",
-          "ip_len", "ip_id", "tcp_flags", "ecn", "point", "proto", "ipv")
+# records.PACKET field -> the byte width the C code writes, in the order of its F_* enum
 _WIDTH = {"ts_ns": 8, "src_addr": 16, "dst_addr": 16, "seq": 8, "ack": 8, "tsval": 8, "tsecr": 8, "src_port": 4,
           "dst_port": 4, "payload_len": 4, "ip_len": 4, "ip_id": 4, "tcp_flags": 2, "ecn": 2, "point": 2,
           "proto": 1, "ipv": 1}
+FIELDS = tuple(_WIDTH)
 
 _C_SOURCE = r"""
 #include <stdint.h>

@@ -126,6 +126,13 @@ def qdelay_rows(ingress: np.ndarray, egress: np.ndarray, i_rows: np.ndarray, e_r
     return out
 
 
+def resolve_d_fwd(given_ns: int | None, raw_min_ns: int | None) -> tuple[int, str]:
+    """(d_fwd, d_fwd_source): the given latency, else the run minimum of the raw delays (0 if none)."""
+    if given_ns is not None:
+        return int(given_ns), "given"
+    return (raw_min_ns if raw_min_ns is not None else 0), "run-minimum"
+
+
 def pair(ingress: np.ndarray, egress: np.ndarray, conn_in: np.ndarray | None = None,
          d_fwd_ns: int | None = None, netem_ns: int = 0) -> QdelayResult:
     """Match every ingress packet with its egress copy; see the module docstring.
@@ -135,10 +142,7 @@ def pair(ingress: np.ndarray, egress: np.ndarray, conn_in: np.ndarray | None = N
     i_rows, e_rows = match(ingress, egress)
     out = qdelay_rows(ingress, egress, i_rows, e_rows, conn_in if conn_in is not None else 0, netem_ns)
     raw = out["sojourn_ns"][i_rows]
-    if d_fwd_ns is None:
-        d_fwd, source = (int(raw.min()) if raw.size else 0), "run-minimum"
-    else:
-        d_fwd, source = int(d_fwd_ns), "given"
+    d_fwd, source = resolve_d_fwd(d_fwd_ns, int(raw.min()) if raw.size else None)
     out["sojourn_ns"][i_rows] = raw - d_fwd
     matched = int(i_rows.size)
     return QdelayResult(rows=out, matched=matched, dropped=int(ingress.size - matched), ce=int(out["ce"].sum()),

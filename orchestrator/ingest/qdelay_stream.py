@@ -27,7 +27,7 @@ from typing import IO
 import numpy as np
 
 from orchestrator.ingest import records
-from orchestrator.ingest.qdelay import QdelayResult, match, qdelay_rows
+from orchestrator.ingest.qdelay import QdelayResult, match, qdelay_rows, resolve_d_fwd
 
 WINDOW = 1 << 18               # ingress packets per window (~5 s at 600 Mbit/s; peak RSS, docs/ingest.md)
 HORIZON_NS = 2_000_000_000     # longest sojourn (beyond netem) a packet may have and still be paired
@@ -114,9 +114,6 @@ def pair_stream(ingress: Iterable[np.ndarray], egress: Iterable[np.ndarray], *, 
     for part in (*eg_parts, *eg_iter):    # egress packets no ingress packet claimed
         unmatched += int(part.size)
     fh.flush()
-    if d_fwd_ns is None:
-        d_fwd, source = (raw_min if raw_min is not None else 0), "run-minimum"
-    else:
-        d_fwd, source = int(d_fwd_ns), "given"
+    d_fwd, source = resolve_d_fwd(d_fwd_ns, raw_min)
     return QdelayResult(rows=Spool(fh, rows, d_fwd), matched=matched, dropped=rows - matched, ce=ce,
                         unmatched_egress=unmatched, d_fwd_ns=d_fwd, d_fwd_source=source, netem_ns=int(netem_ns))

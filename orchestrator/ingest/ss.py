@@ -47,9 +47,8 @@ _RATE_ANY = re.compile(r"\b(?:send|pacing_rate|delivery_rate) (\S+)")
 _CC = re.compile(r"^\s*(?:(?:ts|sack|ecn|ecnseen|fastopen)\s+)*([a-z][a-z0-9_]*)\s")
 
 # name:value items copied as integers (absent -> 0)
-_COUNTERS = {"cwnd": "cwnd", "mss": "mss", "bytes_sent": "bytes_sent", "bytes_retrans": "bytes_retrans",
-             "bytes_acked": "bytes_acked", "unacked": "unacked", "lost": "lost", "delivered": "delivered",
-             "delivered_ce": "delivered_ce"}
+_COUNTERS = ("cwnd", "mss", "bytes_sent", "bytes_retrans", "bytes_acked", "unacked", "lost", "delivered",
+             "delivered_ce")
 
 
 class SsFormatError(ValueError):

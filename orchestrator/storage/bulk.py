@@ -22,6 +22,7 @@ from psycopg.copy import QueuedLibpqWriter
 from sqlalchemy import Connection, Table, types
 
 from orchestrator.storage import pgcopy, tables
+from orchestrator.storage.pgcopy import batch_rows
 
 Batch = tuple[dict[str, Any], dict[str, np.ndarray]]
 SQLITE_ROWS = 50_000  # rows turned into Python tuples at a time (SQLite path)
@@ -40,10 +41,6 @@ def column_kind(column_type: types.TypeEngine) -> str:
 
 def partition_name(table: Table, run_key: int) -> str:
     return f"{tables.PARTITION_SCHEMA}.{table.name}_{int(run_key)}"
-
-
-def batch_rows(data: dict[str, Any]) -> int:
-    return next((len(v) for v in data.values() if isinstance(v, np.ndarray) and v.ndim == 1), 0)
 
 
 @dataclass
@@ -69,7 +66,8 @@ def _copy(conn: Connection, table: Table, batches: Iterable[Batch], run_key: int
     with driver.cursor() as cur, ExitStack() as stack:
         copy = None
         for data, nulls in batches:
-            if batch_rows(data) == 0:
+            rows = batch_rows(data)
+            if rows == 0:
                 continue
             if copy is None:  # the partition is made only for a table that has rows
                 target = table.name
@@ -81,7 +79,7 @@ def _copy(conn: Connection, table: Table, batches: Iterable[Batch], run_key: int
                 copy.write(pgcopy.HEADER)
             for buf in pgcopy.encode(cols, data, nulls):
                 copy.write(buf)
-            out.rows += batch_rows(data)
+            out.rows += rows
         if copy is not None:
             copy.write(pgcopy.TRAILER)
     return out

@@ -117,10 +117,14 @@ def create_db_engine(url: str | URL | None = None) -> Engine:
     return create_engine(parsed, pool_pre_ping=True)
 
 
+def writer(engine: Engine) -> Engine:
+    """The engine with writer transactions: BEGIN IMMEDIATE on SQLite (see _install_sqlite_hooks)."""
+    return engine.execution_options(**{SQLITE_BEGIN_OPTION: "BEGIN IMMEDIATE"})
+
+
 def upgrade(engine: Engine) -> None:
     """Bring the database to Alembic head in one transaction (a no-op when already there)."""
-    writer = engine.execution_options(**{SQLITE_BEGIN_OPTION: "BEGIN IMMEDIATE"})
-    with writer.begin() as conn:
+    with writer(engine).begin() as conn:
         if conn.dialect.name == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATION_LOCK_KEY})
         command.upgrade(alembic_config(conn), "head")

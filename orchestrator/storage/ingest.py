@@ -9,7 +9,7 @@ transaction, so a failure anywhere leaves the database as it was (orchestrator/s
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -23,7 +23,7 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from orchestrator.ingest import records
 from orchestrator.ingest.conns import ConnRegistry
 from orchestrator.storage import bulk, tables
-from orchestrator.storage.db import SQLITE_BEGIN_OPTION
+from orchestrator.storage.db import writer
 
 RUN_STATUSES = ("complete", "failed")
 PacketSource = np.ndarray | Iterable[np.ndarray]
@@ -105,6 +105,7 @@ class BulkLayout:
     dtype: np.dtype
     labels: tuple[str, ...] = ()  # leading tuple items that are not columns (before the keys)
     streamed: bool = False        # the array may also be a re-iterable of chunks (with a `dtype`)
+    nulls: Callable[[np.ndarray], dict[str, np.ndarray]] | None = None  # NULL masks of a chunk, by column
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -112,11 +113,21 @@ class BulkLayout:
         return (key, *self.keys, *self.dtype.names)
 
 
+def _qdelay_nulls(arr: np.ndarray) -> dict[str, np.ndarray]:
+    dropped = arr["dropped"] != 0   # never seen at the egress: no exit time, no sojourn
+    return {"ts_out_ns": dropped, "sojourn_ns": dropped}
+
+
+def _ss_nulls(arr: np.ndarray) -> dict[str, np.ndarray]:
+    return records.null_masks(arr, records.SS_NULLABLE)
+
+
 BULK_LAYOUTS = (
-    BulkLayout("qdelay", tables.qdelay, (), records.QDELAY, labels=("ingress point",), streamed=True),
+    BulkLayout("qdelay", tables.qdelay, (), records.QDELAY, labels=("ingress point",), streamed=True,
+               nulls=_qdelay_nulls),
     BulkLayout("tcp_probe", tables.tcp_probe, ("host",), records.TCP_PROBE),
     BulkLayout("qdisc_samples", tables.qdisc_sample, ("host", "interface"), records.QDISC_SAMPLE),
-    BulkLayout("ss_samples", tables.ss_sample, ("host",), records.SS_SAMPLE),
+    BulkLayout("ss_samples", tables.ss_sample, ("host",), records.SS_SAMPLE, nulls=_ss_nulls),
     BulkLayout("iperf_intervals", tables.iperf_interval, ("flow_id",), records.IPERF_INTERVAL),
 )
 
@@ -199,12 +210,7 @@ def _array_batches(ingest: RunIngest, layout: BulkLayout, run_key: int) -> Itera
             data: dict[str, Any] = {"run_id": ingest.run["run_id"], "run_key": run_key}
             data.update(zip(layout.keys, item[len(layout.labels):-1], strict=True))
             data.update({n: arr[n] for n in layout.dtype.names})
-            nulls = {}
-            if layout.table is tables.qdelay:
-                nulls = {"ts_out_ns": arr["dropped"] != 0, "sojourn_ns": arr["dropped"] != 0}
-            elif layout.table is tables.ss_sample:
-                nulls = records.null_masks(arr, records.SS_NULLABLE)
-            yield data, nulls
+            yield data, layout.nulls(arr) if layout.nulls is not None else {}
 
 
 def _chunks(src: PacketSource) -> Iterator[np.ndarray]:
@@ -299,10 +305,6 @@ def _full_row(table: Table, row: dict[str, Any], run_id: str) -> dict[str, Any]:
     return {c: merged.get(c) for c in table.columns.keys()}
 
 
-def _writer(engine: Engine) -> Engine:
-    return engine.execution_options(**{SQLITE_BEGIN_OPTION: "BEGIN IMMEDIATE"})
-
-
 def write_run(engine: Engine, ingest: RunIngest) -> IngestCounts:
     """Write one run in a single transaction, replacing any earlier ingest of the same run_id.
 
@@ -311,7 +313,7 @@ def write_run(engine: Engine, ingest: RunIngest) -> IngestCounts:
     validate(ingest)
     run_id = ingest.run["run_id"]
     counts: dict[str, int] = {}
-    with _writer(engine).begin() as conn:
+    with writer(engine).begin() as conn:
         if conn.dialect.name not in ("postgresql", "sqlite"):
             raise NotImplementedError(f"bulk load on {conn.dialect.name}")
         pg = conn.dialect.name == "postgresql"
@@ -362,7 +364,7 @@ def write_run(engine: Engine, ingest: RunIngest) -> IngestCounts:
 
 def delete_run(engine: Engine, run_id: str) -> IngestCounts:
     """Remove a run and all its rows in every table; returns the rows removed per table."""
-    with _writer(engine).begin() as conn:
+    with writer(engine).begin() as conn:
         counts = _delete(conn, run_id, _old_key(conn, run_id))
     return IngestCounts(**{k: v for k, v in counts.items() if k in IngestCounts.__dataclass_fields__})
 

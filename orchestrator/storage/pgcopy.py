@@ -20,6 +20,11 @@ FIXED = {"int2": ">i2", "int4": ">i4", "int8": ">i8", "float8": ">f8"}
 TYPES = (*FIXED, "text")
 
 
+def batch_rows(data: Mapping[str, object]) -> int:
+    """Rows of a batch: the length of its first one-dimensional array (0 if it has none)."""
+    return next((len(v) for v in data.values() if isinstance(v, np.ndarray) and v.ndim == 1), 0)
+
+
 def _layout(cols: Sequence[tuple[str, str]], text: Mapping[str, bytes], null: set[str]) -> np.dtype:
     fields: list[tuple[str, str]] = [("nf", ">i2")]
     for i, (name, kind) in enumerate(cols):
@@ -62,8 +67,7 @@ def encode(cols: Sequence[tuple[str, str]], data: Mapping[str, np.ndarray],
         if kind not in TYPES:
             raise TypeError(f"no binary COPY encoding for {kind!r}")
     nulls = {k: np.asarray(v, dtype=bool) for k, v in (nulls or {}).items() if np.any(v)}
-    arrays = [v for v in data.values() if isinstance(v, np.ndarray) and v.ndim == 1]
-    n = len(arrays[0]) if arrays else 0
+    n = batch_rows(data)
     const = {name: _utf8(data[name]) for name, kind in cols
              if kind == "text" and not isinstance(data[name], np.ndarray)}
     texts = [name for name, kind in cols if kind == "text" and name not in const]
