@@ -7,13 +7,11 @@ and `format_comparison` the rich table.
 """
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from rich.console import Console
 from rich.table import Table
 from sqlalchemy.engine import Engine
 
@@ -21,6 +19,7 @@ from analysis.load import iter_runs
 from analysis.runstats import RunAnalysis, analyse
 from analysis.select import Selection, resolve
 from analysis.significance import welch_t_test
+from analysis.summary import fmt_num, render_plain
 
 SIGNIFICANCE = 0.05
 
@@ -83,10 +82,6 @@ def compare_results(a: Sequence[RunAnalysis], b: Sequence[RunAnalysis]) -> list[
     return rows
 
 
-def _num(v: float, fmt: str = ".4g") -> str:
-    return "–" if v is None or math.isnan(v) else format(v, fmt)
-
-
 def format_comparison(sel_a: Selection, sel_b: Selection, rows: Sequence[ComparisonRow], width: int = 160) -> str:
     """Plain text (no colour codes) so it can be piped and tested."""
     table = Table(title=f"A = {sel_a.label} ({len(sel_a.run_ids)} runs)   B = {sel_b.label} "
@@ -96,19 +91,18 @@ def format_comparison(sel_a: Selection, sel_b: Selection, rows: Sequence[Compari
         table.add_column(header, justify="right" if right else "left")
     for r in rows:
         verdict = "" if math.isnan(r.p) else ("significant" if r.p < SIGNIFICANCE else "n.s.")
-        table.add_row(r.metric, r.unit, _num(r.mean_a), _num(r.mean_b), _num(r.diff),
-                      _num(100 * r.rel, "+.1f"), _num(r.p, ".3g"), verdict)
-    buf = io.StringIO()
-    Console(file=buf, width=width, color_system=None, force_terminal=False).print(table)
+        table.add_row(r.metric, r.unit, *(fmt_num(v, ".4g") for v in (r.mean_a, r.mean_b, r.diff)),
+                      fmt_num(100 * r.rel, "+.1f"), fmt_num(r.p, ".3g"), verdict)
     few = min(len(sel_a.run_ids), len(sel_b.run_ids)) < 2
     note = (f"Welch's t-test over runs (two-sided, α = {SIGNIFICANCE}); "
             + ("no test: a side has fewer than 2 runs (repetitions)." if few else "each run is one sample."))
-    return buf.getvalue() + note + "\n"
+    return render_plain(table, width) + note + "\n"
 
 
 def compare(engine: Engine, selector_a: str, selector_b: str) -> tuple[Selection, Selection, list[ComparisonRow]]:
     """Resolve both selectors (SelectorError if either names no run), analyse their runs, compare."""
     sel_a, sel_b = resolve(engine, selector_a), resolve(engine, selector_b)
-    res_a = [analyse(d) for d in iter_runs(engine, list(sel_a.run_ids), detail=True)]
-    res_b = [analyse(d) for d in iter_runs(engine, list(sel_b.run_ids), detail=True)]
-    return sel_a, sel_b, compare_results(res_a, res_b)
+    # a run in both selections is loaded and analysed once
+    ids = list(dict.fromkeys(sel_a.run_ids + sel_b.run_ids))
+    done = {r.run_id: r for r in (analyse(d) for d in iter_runs(engine, ids, detail=True))}
+    return sel_a, sel_b, compare_results([done[i] for i in sel_a.run_ids], [done[i] for i in sel_b.run_ids])

@@ -208,11 +208,11 @@ def _run_key(conn: Connection, run_id: str) -> int | None:
     return conn.execute(sa.select(T.run.c.run_key).where(T.run.c.run_id == run_id)).scalar()
 
 
-def load_packets(conn: Connection, run_id: str, point: str,
+def load_packets(conn: Connection, key: int | None, point: str,
                  dst_ports: Sequence[int] | None = None) -> np.ndarray:
-    """Data packets (payload > 0) of a run at one capture point, optionally to some ports, by time."""
+    """Data packets (payload > 0) of a run (its run_key) at one capture point, optionally to some ports,
+    by time."""
     p, c = T.packet, T.conn
-    key = _run_key(conn, run_id)
     cols = [c.c[n] if n in ("src_port", "dst_port") else p.c[n] for n in PACKET_FIELDS]
     stmt = (sa.select(*cols).select_from(p.join(c, sa.and_(c.c.run_key == p.c.run_key, c.c.conn_id == p.c.conn_id)))
             .where(p.c.run_key == key, c.c.point == point, p.c.payload_len > 0)
@@ -255,11 +255,11 @@ def pick_queue_handle(samples: np.ndarray) -> str | None:
     return handle
 
 
-def load_bottleneck_qdisc(conn: Connection, run_id: str,
+def load_bottleneck_qdisc(conn: Connection, key: int | None,
                           link: LinkRef | None) -> tuple[str | None, np.ndarray]:
     """(handle, time-ordered samples) of the bottleneck queue (pick_queue_handle); (None, empty) if none."""
     q = T.qdisc_sample
-    where = [q.c.run_key == _run_key(conn, run_id)]
+    where = [q.c.run_key == key]
     pairs = conn.execute(sa.select(q.c.host, q.c.interface).where(*where).distinct()).all()
     if not pairs:
         return None, np.empty(0, QDISC_DTYPE)
@@ -273,17 +273,17 @@ def load_bottleneck_qdisc(conn: Connection, run_id: str,
     return handle, samples[samples["handle"] == handle]
 
 
-def load_probe(conn: Connection, run_id: str, dports: Sequence[int] | None = None) -> np.ndarray:
+def load_probe(conn: Connection, key: int | None, dports: Sequence[int] | None = None) -> np.ndarray:
     """tcp_probe events of a run, optionally only those whose remote port is a receiver's port."""
     t = T.tcp_probe
-    stmt = (sa.select(*(t.c[n] for n in PROBE_FIELDS)).where(t.c.run_key == _run_key(conn, run_id))
+    stmt = (sa.select(*(t.c[n] for n in PROBE_FIELDS)).where(t.c.run_key == key)
             .order_by(t.c.ts_ns))
     if dports is not None:
         stmt = stmt.where(t.c.dport.in_(list(dports)))
     return _to_array(conn, stmt, PROBE_DTYPE)
 
 
-def load_qdelay(conn: Connection, run_id: str, dst_ports: Sequence[int]) -> np.ndarray:
+def load_qdelay(conn: Connection, key: int | None, dst_ports: Sequence[int]) -> np.ndarray:
     """Queue-delay rows (paired aqm captures) of the connections to the given receiver ports, by
     arrival time at the queue, with their ingress conn's ports joined in."""
     q, c = T.qdelay, T.conn
@@ -291,19 +291,19 @@ def load_qdelay(conn: Connection, run_id: str, dst_ports: Sequence[int]) -> np.n
     cols = [sa.func.coalesce(q.c[n], -1) if n == "sojourn_ns" else q.c[n] for n in QDELAY_FIELDS]
     cols += [c.c.src_port, c.c.dst_port]
     stmt = (sa.select(*cols).select_from(q.join(c, sa.and_(c.c.run_key == q.c.run_key, c.c.conn_id == q.c.conn_id)))
-            .where(q.c.run_key == _run_key(conn, run_id), c.c.dst_port.in_(list(dst_ports)))
+            .where(q.c.run_key == key, c.c.dst_port.in_(list(dst_ports)))
             .order_by(q.c.ts_in_ns))
     return _to_array(conn, stmt, QDELAY_DTYPE)
 
 
-def load_side_packets(conn: Connection, run_id: str, point: str, ports: Sequence[int]) -> np.ndarray:
+def load_side_packets(conn: Connection, key: int | None, point: str, ports: Sequence[int]) -> np.ndarray:
     """Every packet (both directions, handshake included) at a capture point whose source or
     destination port is one of the receiver ports, by time."""
     p, c = T.packet, T.conn
     cols = [c.c[n] if n in ("src_port", "dst_port") else p.c[n] for n in SIDE_FIELDS]
     ports = list(ports)
     stmt = (sa.select(*cols).select_from(p.join(c, sa.and_(c.c.run_key == p.c.run_key, c.c.conn_id == p.c.conn_id)))
-            .where(p.c.run_key == _run_key(conn, run_id), c.c.point == point,
+            .where(p.c.run_key == key, c.c.point == point,
                    sa.or_(c.c.dst_port.in_(ports), c.c.src_port.in_(ports)))
             .order_by(p.c.ts_ns))
     return _to_array(conn, stmt, SIDE_DTYPE)
@@ -318,21 +318,17 @@ def ss_table(conn: Connection) -> sa.Table | None:
     return known if known is not None else sa.Table("ss_sample", sa.MetaData(), autoload_with=conn)
 
 
-def load_ss(conn: Connection, run_id: str, dports: Sequence[int]) -> tuple[np.ndarray, str]:
+def load_ss(conn: Connection, run_id: str, key: int | None, dports: Sequence[int]) -> tuple[np.ndarray, str]:
     """(ss samples of the flows' sender sockets, note). The note says why there are none: no ss_sample
     table, or no rows for this run; it is empty when samples were found."""
     t = ss_table(conn)
     if t is None:
         return np.empty(0, SS_DTYPE), f"{NO_SS_SAMPLES} (the database has no ss_sample table)"
-    key = t.c.run_key == _run_key(conn, run_id) if "run_key" in t.c else t.c.run_id == run_id
+    of_run = t.c.run_key == key if "run_key" in t.c else t.c.run_id == run_id
     cols = [t.c[n] if n in t.c else sa.null() for n in SS_DTYPE.names]
-    stmt = sa.select(*cols).where(key, t.c.dport.in_(list(dports))).order_by(t.c.ts_ns)
-    rows = conn.execute(stmt).all()
-    arr = np.empty(len(rows), SS_DTYPE)
-    if rows:
-        for name, column in zip(SS_DTYPE.names, zip(*rows, strict=True), strict=True):
-            arr[name] = [np.nan if v is None else v for v in column]
-    return arr, ("" if rows else f"{NO_SS_SAMPLES} (none recorded for this run)")
+    stmt = sa.select(*cols).where(of_run, t.c.dport.in_(list(dports))).order_by(t.c.ts_ns)
+    arr = _to_array(conn, stmt, SS_DTYPE)      # NULL into a float field becomes NaN
+    return arr, ("" if arr.size else f"{NO_SS_SAMPLES} (none recorded for this run)")
 
 
 def dominant_port(ports: np.ndarray, weights: np.ndarray) -> int | None:
@@ -354,11 +350,12 @@ def load_run(conn: Connection, meta: RunMeta, detail: bool = False) -> RunData:
     to its receiver port, so the iperf3 control connection never mixes into the data flow.
     """
     flows = load_flows(conn, meta.run_id)
+    key = _run_key(conn, meta.run_id)          # once per run: every table below is keyed by it
     ports = [f.dst_port for f in flows]
     pkts = np.empty(0, PACKET_DTYPE)
     if meta.capture_point is not None and flows:
-        pkts = load_packets(conn, meta.run_id, meta.capture_point, ports)
-    probe = load_probe(conn, meta.run_id, ports) if ports else np.empty(0, PROBE_DTYPE)
+        pkts = load_packets(conn, key, meta.capture_point, ports)
+    probe = load_probe(conn, key, ports) if ports else np.empty(0, PROBE_DTYPE)
     resolved: list[FlowInfo] = []
     packets: dict[int, np.ndarray] = {}
     for f in flows:
@@ -371,9 +368,9 @@ def load_run(conn: Connection, meta: RunMeta, detail: bool = False) -> RunData:
             sport = dominant_port(probe["sport"][at_f], np.ones(int(at_f.sum())))
         resolved.append(replace(f, src_port=sport))
         packets[f.flow_id] = pkts[to_f & (pkts["src_port"] == sport)] if sport is not None else pkts[to_f]
-    handle, qdisc = load_bottleneck_qdisc(conn, meta.run_id, meta.bottleneck)
+    handle, qdisc = load_bottleneck_qdisc(conn, key, meta.bottleneck)
     data = RunData(meta=meta, flows=resolved, packets=packets, qdisc=qdisc, qdisc_handle=handle, probe=probe)
-    return _with_detail(conn, data) if detail and resolved else data
+    return _with_detail(conn, key, data) if detail and resolved else data
 
 
 def _own(arr: np.ndarray, f: FlowInfo, ports: str) -> np.ndarray:
@@ -383,18 +380,18 @@ def _own(arr: np.ndarray, f: FlowInfo, ports: str) -> np.ndarray:
     return arr[mask & (arr[a] == f.src_port)] if f.src_port is not None else arr[mask]
 
 
-def _with_detail(conn: Connection, data: RunData) -> RunData:
+def _with_detail(conn: Connection, key: int | None, data: RunData) -> RunData:
     meta, flows = data.meta, data.flows
     ports = [f.dst_port for f in flows]
-    qdelay = load_qdelay(conn, meta.run_id, ports)
+    qdelay = load_qdelay(conn, key, ports)
     qdelay = np.concatenate([_own(qdelay, f, "data") for f in flows]) if flows else qdelay
     senders = sorted({f.src_host for f in flows})
     point = sender_point_of(meta.spec, senders[0], meta.capture_point) if senders else None
     side: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     if point is not None:
-        pkts = load_side_packets(conn, meta.run_id, point, ports)
+        pkts = load_side_packets(conn, key, point, ports)
         side = {f.flow_id: (_own(pkts, f, "data"), _own(pkts, f, "ack")) for f in flows}
-    ss, note = load_ss(conn, meta.run_id, ports)
+    ss, note = load_ss(conn, meta.run_id, key, ports)
     return replace(data, qdelay=qdelay[np.argsort(qdelay["ts_in_ns"], kind="stable")], sender_point=point,
                    sender_side=side, ss=ss, ss_note=note)
 

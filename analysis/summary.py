@@ -92,14 +92,15 @@ def run_table(engine: Engine, run_ids: list[str] | None = None) -> list[RunRow]:
 
 # ---------------------------------------------------------------------------- presentation
 
-def _num(value: float | int | None, fmt: str) -> str:
+def fmt_num(value: float | int | None, fmt: str) -> str:
+    """A number for a text table; '–' for no data (None or NaN)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
     return format(value, fmt)
 
 
 def _mbit(bps: float) -> str:
-    return _num(bps / 1e6, ".2f")
+    return fmt_num(bps / 1e6, ".2f")
 
 
 def fmt_rate(rate_bit: int | None) -> str:
@@ -126,13 +127,13 @@ COLUMNS: tuple[ColumnDef, ...] = (
     ColumnDef("flows", lambda r: str(r.flows)),
     ColumnDef("goodput Mbit/s", lambda r: _mbit(r.goodput_bps)),
     ColumnDef("per-flow Mbit/s", lambda r: " ".join(_mbit(g) for g in r.flow_goodput_bps) or "–"),
-    ColumnDef("goodput/rate", lambda r: _num(r.goodput_ratio, ".3f")),
-    ColumnDef("backlog mean KB", lambda r: _num(r.backlog_mean_bytes / 1e3, ".1f")),
-    ColumnDef("backlog p99 KB", lambda r: _num(r.backlog_p99_bytes / 1e3, ".1f")),
-    ColumnDef("backlog mean pkts", lambda r: _num(r.backlog_mean_packets, ".1f")),
-    ColumnDef("backlog p99 pkts", lambda r: _num(r.backlog_p99_packets, ".1f")),
-    ColumnDef("drops", lambda r: _num(r.drops, "d")),
-    ColumnDef("mean cwnd", lambda r: _num(r.mean_cwnd, ".1f")),
+    ColumnDef("goodput/rate", lambda r: fmt_num(r.goodput_ratio, ".3f")),
+    ColumnDef("backlog mean KB", lambda r: fmt_num(r.backlog_mean_bytes / 1e3, ".1f")),
+    ColumnDef("backlog p99 KB", lambda r: fmt_num(r.backlog_p99_bytes / 1e3, ".1f")),
+    ColumnDef("backlog mean pkts", lambda r: fmt_num(r.backlog_mean_packets, ".1f")),
+    ColumnDef("backlog p99 pkts", lambda r: fmt_num(r.backlog_p99_packets, ".1f")),
+    ColumnDef("drops", lambda r: fmt_num(r.drops, "d")),
+    ColumnDef("mean cwnd", lambda r: fmt_num(r.mean_cwnd, ".1f")),
 )
 """Display columns (KB = 1000 bytes; '–' = no data)."""
 
@@ -149,6 +150,11 @@ def format_table(rows: list[RunRow], width: int = 200) -> str:
         table.add_column(c.header, justify="right" if c.numeric else "left")
     for cells in table_cells(rows):
         table.add_row(*cells)
+    return render_plain(table, width)
+
+
+def render_plain(table: Table, width: int) -> str:
+    """A rich table as plain text (no colour codes), so it can be piped and tested."""
     buf = io.StringIO()
     Console(file=buf, width=width, color_system=None, force_terminal=False).print(table)
     return buf.getvalue()

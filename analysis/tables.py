@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analysis.metrics import STAT_FIELDS, Stats
+from analysis.metrics import STAT_FIELDS, Stats, summary_stats
 from analysis.runstats import RunAnalysis
 
 MISSING = "–"
@@ -134,10 +134,8 @@ def summary_by_arm(results: Sequence[RunAnalysis], name: str, title: str,
         groups[key] += [v for v in value(r) if v is not None and not math.isnan(v)]
     rows = []
     for (exp, aqm, arm), vals in groups.items():
-        a = np.asarray(vals, float)
-        stats = (float(a.mean()), float(np.median(a)), float(a.std()), float(a.min()), float(a.max())) \
-            if a.size else (None,) * 5
-        rows.append((exp, aqm, arm, int(a.size), *stats))
+        s = summary_stats(vals)       # M-STAT: the project's one percentile method, population sd
+        rows.append((exp, aqm, arm, s.n, *((s.mean, s.median, s.sd, s.min, s.max) if s.n else (None,) * 5)))
     return Table(name=name, title=title, columns=("experiment", "aqm", "arm", "n", "mean", "median", "sd", "min",
                                                     "max"), rows=tuple(rows), note=note)
 
@@ -163,8 +161,9 @@ def _stats_cols(prefix: str) -> tuple[str, ...]:
     return tuple(f"{prefix}_{f}" for f in STAT_FIELDS)
 
 
-def _stats_vals(s: Stats) -> tuple[float | None, ...]:
-    return tuple(None if math.isnan(getattr(s, f)) else getattr(s, f) for f in STAT_FIELDS)
+def _stats_vals(s: Stats) -> tuple[float, ...]:
+    """The value fields in STAT_FIELDS order (NaN becomes None where the row is _clean-ed)."""
+    return tuple(getattr(s, f) for f in STAT_FIELDS)
 
 
 def runs_table(results: Sequence[RunAnalysis]) -> Table:
@@ -214,9 +213,9 @@ def series_tables(results: Sequence[RunAnalysis]) -> list[Table]:
         for width, per_flow in r.throughput.items():
             for flow, values in per_flow.items():
                 tput += [(r.run_id, flow, width / 1e6, k * width / 1e9, v) for k, v in enumerate(values.tolist())]
-        qd += [(r.run_id, k * 0.01, None if math.isnan(v) else v) for k, v in enumerate(r.qdelay_series_us.tolist())]
+        qd += [_clean((r.run_id, k * 0.01, v)) for k, v in enumerate(r.qdelay_series_us.tolist())]
         for flow, values in r.cwnd_series.items():
-            cw += [(r.run_id, flow, k * 0.01, None if math.isnan(v) else v) for k, v in enumerate(values.tolist())]
+            cw += [_clean((r.run_id, flow, k * 0.01, v)) for k, v in enumerate(values.tolist())]
         n = r.qdelay_sketch_us.size
         cdf += [(r.run_id, i / (n - 1), v) for i, v in enumerate(r.qdelay_sketch_us.tolist())] if n > 1 else []
     return [Table("throughput_series", "Per-flow goodput", ("run_id", "flow_id", "bin_ms", "t_s", "goodput_bps"),

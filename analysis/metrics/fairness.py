@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 FAIR_LO, FAIR_HI = 0.8, 1.2
 """M-CONV: a flow is converged while its throughput is within 80-120 % of its fair share."""
@@ -29,11 +30,12 @@ def jain_series(tput: np.ndarray, running: np.ndarray, min_flows: int = 2) -> np
     min_flows (one flow is trivially fair). The window value is the nanmean of this series."""
     tput = np.asarray(tput, dtype=float)
     running = np.asarray(running, dtype=bool)
+    x = np.where(running, tput, 0.0)              # jain_index of each column's running flows, all at once
+    n = running.sum(axis=0)
+    denom = n * np.sum(x * x, axis=0)
+    ok = (n >= min_flows) & (denom > 0)
     out = np.full(tput.shape[1], math.nan)
-    for k in range(tput.shape[1]):
-        x = tput[running[:, k], k]
-        if x.size >= min_flows:
-            out[k] = jain_index(x)
+    out[ok] = np.sum(x, axis=0)[ok] ** 2 / denom[ok]
     return out
 
 
@@ -67,18 +69,20 @@ def convergence_bin(tput: np.ndarray, running: np.ndarray, new_flow: int, start_
     Bins are one base RTT wide; the caller converts k − start_bin to RTTs and seconds."""
     tput = np.asarray(tput, dtype=float)
     running = np.asarray(running, dtype=bool)
-    n_bins = tput.shape[1]
-    for k in range(max(start_bin, 0), n_bins - hold + 1):
-        flows = np.flatnonzero(running[:, k])
-        if new_flow not in flows:
-            continue
-        fair = rate_bit / flows.size
-        if not FAIR_LO * fair <= tput[new_flow, k] <= FAIR_HI * fair:
-            continue
-        held = tput[flows, k:k + hold].mean(axis=1)
-        if np.all((held >= FAIR_LO * fair) & (held <= FAIR_HI * fair)):
-            return k
-    return None
+    n_k = tput.shape[1] - hold + 1                 # bins k with a full hold window after them
+    if n_k <= max(start_bin, 0):
+        return None
+    run = running[:, :n_k]
+    count = run.sum(axis=0)
+    with np.errstate(divide="ignore"):
+        fair = rate_bit / count                    # every candidate bin has the new flow running: count ≥ 1
+    lo, hi = FAIR_LO * fair, FAIR_HI * fair
+    held = sliding_window_view(tput, hold, axis=1).mean(axis=-1)[:, :n_k]   # mean over bins k … k+hold−1
+    own = tput[new_flow, :n_k]
+    ok = run[new_flow] & (lo <= own) & (own <= hi) & np.all(~run | ((held >= lo) & (held <= hi)), axis=0)
+    ok[:max(start_bin, 0)] = False
+    hits = np.flatnonzero(ok)
+    return int(hits[0]) if hits.size else None
 
 
 def running_matrix(spans_ns: list[tuple[int, int] | None], t0_ns: int, bin_ns: int, n_bins: int) -> np.ndarray:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from analysis.metrics.stats import Stats, percentile, summary_stats
+from analysis.metrics.throughput import bin_sum
 from analysis.metrics.windows import in_window
 
 CE = 3
@@ -37,13 +38,8 @@ def qdelay_stats(qdelay: np.ndarray, start_ns: int | None = None, end_ns: int | 
 def binned_mean(ts_ns: np.ndarray, values: np.ndarray, t0_ns: int, bin_ns: int,
                 n_bins: int | None = None) -> np.ndarray:
     """Mean of values per half-open bin from t0; NaN for a bin without samples."""
-    ts = np.asarray(ts_ns, dtype=np.int64)
-    k = (ts - np.int64(t0_ns)) // np.int64(bin_ns)
-    if n_bins is None:
-        n_bins = int(k.max()) + 1 if k.size and k.max() >= 0 else 0
-    keep = (k >= 0) & (k < n_bins)
-    sums = np.bincount(k[keep], weights=np.asarray(values, float)[keep], minlength=n_bins)[:n_bins]
-    counts = np.bincount(k[keep], minlength=n_bins)[:n_bins]
+    sums = bin_sum(ts_ns, values, t0_ns, bin_ns, n_bins)
+    counts = bin_sum(ts_ns, np.ones(np.shape(ts_ns)), t0_ns, bin_ns, sums.size)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(counts > 0, sums / np.maximum(counts, 1), math.nan)
 

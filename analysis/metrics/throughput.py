@@ -44,10 +44,14 @@ def signed_seq_diff(a: int | np.ndarray, b: int | np.ndarray) -> np.ndarray:
     return np.where(d >= SEQ_SPACE // 2, d - SEQ_SPACE, d)
 
 
-def _data_in_time_order(packets: np.ndarray) -> np.ndarray:
+def by_time(packets: np.ndarray) -> np.ndarray:
+    """Packets stably sorted by ts_ns."""
+    return packets[np.argsort(packets["ts_ns"], kind="stable")]
+
+
+def data_in_time_order(packets: np.ndarray) -> np.ndarray:
     """Packets with payload, stably sorted by time (SYN/FIN/pure ACKs carry no goodput)."""
-    data = packets[packets["payload_len"] > 0]
-    return data[np.argsort(data["ts_ns"], kind="stable")]
+    return by_time(packets[packets["payload_len"] > 0])
 
 
 def goodput_advance(packets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -59,7 +63,7 @@ def goodput_advance(packets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     segment jumps the front over it: totals equal the unique bytes delivered, and the hole's bytes
     land in the bin of the jump, not the repair.
     """
-    data = _data_in_time_order(packets)
+    data = data_in_time_order(packets)
     if data.size == 0:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
     start = unwrap_seq(data["seq"])

@@ -11,13 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analysis.metrics.throughput import is_retransmission, signed_seq_diff, unwrap_seq
+from analysis.metrics.throughput import by_time, data_in_time_order, is_retransmission, signed_seq_diff, unwrap_seq
 
 SYN, ACK_FLAG = 0x02, 0x10
-
-
-def _by_time(packets: np.ndarray) -> np.ndarray:
-    return packets[np.argsort(packets["ts_ns"], kind="stable")]
 
 
 # ---------------------------------------------------------------------------- M-RTT (a)
@@ -29,8 +25,8 @@ def rtt_from_timestamps(data: np.ndarray, acks: np.ndarray) -> tuple[np.ndarray,
     v). Values v carried by any retransmission are skipped (the echo may belong to either copy). Several
     segments share one TSval (the clock ticks in ms), so there is one sample per distinct echoed v.
     """
-    d = _by_time(data[(data["payload_len"] > 0) & (data["tsval"] >= 0)])
-    a = _by_time(acks[acks["tsecr"] >= 0])
+    d = by_time(data[(data["payload_len"] > 0) & (data["tsval"] >= 0)])
+    a = by_time(acks[acks["tsecr"] >= 0])
     if d.size == 0 or a.size == 0:
         return np.empty(0, np.int64), np.empty(0, np.int64)
     tainted = np.unique(d["tsval"][is_retransmission(d)])
@@ -72,12 +68,12 @@ def flow_completion(data: np.ndarray, acks: np.ndarray) -> Completion:
         if data.size + acks.size else np.empty(0, [("ts_ns", "i8"), ("tcp_flags", "i2")])
     syns = both["ts_ns"][(both["tcp_flags"] & SYN) != 0]
     syn = int(syns.min()) if syns.size else None
-    d = _by_time(data[data["payload_len"] > 0])
+    d = data_in_time_order(data)
     if syn is None or d.size == 0:
         return Completion(syn, None, math.nan, True, 0)
     start = unwrap_seq(d["seq"])
     final_end = int((start + d["payload_len"]).max())
-    a = _by_time(acks[(acks["tcp_flags"] & ACK_FLAG) != 0])
+    a = by_time(acks[(acks["tcp_flags"] & ACK_FLAG) != 0])
     last_seen = int(max(d["ts_ns"].max(), a["ts_ns"].max() if a.size else 0))
     if a.size:
         # ack numbers in the data's unwrapped space: offset of the first ack, then its own unwrapping
@@ -104,7 +100,7 @@ class Gaps:
 def inter_packet_gaps(data: np.ndarray) -> Gaps:
     """Δt between consecutive data packets that carry new bytes; retransmissions are counted, not
     gapped, so a loss episode does not split one gap into two."""
-    d = _by_time(data[data["payload_len"] > 0])
+    d = data_in_time_order(data)
     retx = is_retransmission(d)
     first = d["ts_ns"][~retx].astype(np.int64)
     return Gaps(gaps_ns=np.diff(first), retransmissions=int(retx.sum()),
@@ -129,7 +125,7 @@ def write_latency(writes: np.ndarray, isn: int, data: np.ndarray, acks: np.ndarr
     send = np.full(n, math.nan)
     deliver = np.full(n, math.nan)
     last_byte = writes["offset"].astype(np.int64) + writes["len"].astype(np.int64) - 1   # offset from ISN+1
-    d = _by_time(data[data["payload_len"] > 0])
+    d = data_in_time_order(data)
     if d.size:
         lo = signed_seq_diff(d["seq"], isn + 1)          # segment's first byte, relative to ISN+1
         hi = lo + d["payload_len"].astype(np.int64)      # one past its last byte
@@ -137,7 +133,7 @@ def write_latency(writes: np.ndarray, isn: int, data: np.ndarray, acks: np.ndarr
             hit = np.flatnonzero((lo <= b) & (b < hi))   # first transmission = earliest in time order
             if hit.size:
                 send[i] = d["ts_ns"][hit[0]] - writes["t_ns"][i]
-    a = _by_time(acks[(acks["tcp_flags"] & ACK_FLAG) != 0])
+    a = by_time(acks[(acks["tcp_flags"] & ACK_FLAG) != 0])
     if a.size:
         acked = np.maximum.accumulate(signed_seq_diff(a["ack"], isn + 1))   # cumulative ACK front
         idx = np.searchsorted(acked, last_byte, side="right")              # first ack > last byte
