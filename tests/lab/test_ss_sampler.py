@@ -70,9 +70,12 @@ def test_every_run_has_ss_samples_of_its_data_sockets(ss_db):
                 assert {r.cc for r in data} == {cc}
                 assert all(r.cwnd > 2 and r.rtt_us > 0 and r.pacing_rate_bit > 0 for r in data)
                 assert max(r.rtt_us for r in data) > 2_000         # queueing behind htb 50 Mbit/s
-                assert data[-1].bytes_acked > 5_000_000
+                assert data[-1].bytes_acked > 1_000_000          # not starved (shares need not be fair)
                 assert all(r.dctcp_alpha is None for r in data)
                 assert all((r.bbr_bw_bit is not None) == (cc == "bbr") for r in data)
+            # together the flows moved most of what 50 Mbit/s carries in 4 s (25 MB)
+            acked = sum(max(r.bytes_acked for r in rows if r.sport == f.src_port) for f in flows)
+            assert acked > 0.7 * 50e6 / 8 * duration, (run_id, acked)
         art = conn.execute(text("SELECT meta FROM artifact WHERE kind = 'ss'")).all()
         assert len(art) == 2
 
