@@ -28,7 +28,9 @@ async def serve_forever(args: argparse.Namespace) -> None:
     token = args.token_file.read_bytes().strip()
     args.artifacts.mkdir(parents=True, exist_ok=True)
     ensure_tracefs()
-    agent = Agent(args.name, token, args.interface, args.artifacts)
+    # the capability probe blocks (tc, ethtool, netlink through pyroute2, whose sync sockets run their own
+    # event loop): off this one
+    agent = await asyncio.to_thread(Agent, args.name, token, args.interface, args.artifacts)
     stop = asyncio.get_running_loop().create_future()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, lambda: stop.done() or stop.set_result(None))

@@ -7,6 +7,7 @@ the agent's own child and is stopped by pid.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import time
@@ -121,6 +122,30 @@ class Iperf3Client(_ProcessTask):
         argv += ["-n", str(s.bytes)] if s.bytes else ["-t", f"{s.duration_s:g}"]
         argv += ["-u", "-b", str(s.udp_rate_bit)] if s.udp_rate_bit else ["-C", s.cc]
         return argv + (["-N"] if s.nodelay else [])
+
+    async def execute(self) -> None:
+        await super().execute()
+        # iperf3 3.12 -J exits 0 on errors: they are only in the JSON. A flow that never sent fails the
+        # run; one that sent and then lost its server (e.g. stopped at the run's end after a late start)
+        # is a flag on the run: its packets are real, its iperf3 summary is missing
+        error, sent = iperf3_json_error((self.run_dir / self.out_name).read_bytes())
+        where = f"iperf3 -c {self.spec.dst_addr} -p {self.spec.port}"
+        if error and not sent and not self.stop_event.is_set():
+            raise RuntimeError(f"{where}: {error}")
+        if error:
+            self.detail = f"{where} ended abnormally after sending: {error}"
+
+
+def iperf3_json_error(data: bytes) -> tuple[str | None, bool]:
+    """(`error`, whether any interval was reported) of an iperf3 -J document; (None, False) if not JSON
+    (ingest names that)."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return None, False
+    if not isinstance(doc, dict):
+        return None, False
+    return doc.get("error"), bool(doc.get("intervals"))
 
 
 CAPTURE_STATS = re.compile(r"^(\d+) packets? (captured|received by filter|dropped by kernel)", re.MULTILINE)

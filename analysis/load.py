@@ -85,7 +85,11 @@ class RunMeta:
 
     @property
     def rate_bit(self) -> int | None:
+        """The bottleneck rate: the run's value of a varied `rate`, else the plan's derived
+        `bottleneck_rate_bit` (params only hold what the plan varies: a one-cell plan has none)."""
         rate = self.params.get("rate_bit")
+        if rate is None:
+            rate = (self.spec.get("derived") or {}).get("bottleneck_rate_bit")
         return int(rate) if rate is not None else None
 
     @property

@@ -17,9 +17,12 @@ console = Console(stderr=True)
 
 def cmd_lab(args: argparse.Namespace) -> int:
     from orchestrator.lab import netns, vm, vm_image
+    from orchestrator.lab.topology import netns_topology
+    from orchestrator.lab.vm_config import parse_vm_roles, plan_kernel_package
+    from orchestrator.plan.errors import PlanError
 
-    if args.kernel and args.kind != "vm":
-        console.print("[red]--kernel needs --kind vm[/red]")
+    if (args.kernel or args.vm_roles or args.plan) and args.kind != "vm":
+        console.print("[red]--kernel, --vm-roles and --plan need --kind vm[/red]")
         return 2
     if args.command and args.action != "exec":
         console.print(f"[red]unexpected arguments for lab {args.action}: {' '.join(args.command)}[/red]")
@@ -27,11 +30,22 @@ def cmd_lab(args: argparse.Namespace) -> int:
     kind = args.kind if args.action == "up" else vm.lab_kind()
     try:
         if args.action == "up" and kind == "vm":
-            inv = vm.up(kernel=args.kernel)
+            roles = parse_vm_roles(args.vm_roles or "aqm", netns_topology(netns.LAB_PREFIX))
+            kernel = args.kernel
+            if args.plan:
+                from orchestrator.plan.expand import expand
+                from orchestrator.plan.loader import load_plan
+
+                plan = load_plan(args.plan)
+                wanted = plan_kernel_package(plan.kernels, expand(plan), roles)
+                if kernel and wanted and kernel != wanted:
+                    raise netns.LabError(f"--kernel {kernel}, but {args.plan} asks for {wanted}")
+                kernel = kernel or wanted
+            inv = vm.up(kernel=kernel, vm_roles=roles)
             v = inv["vm"]
-            console.print(f"lab up (vm): {', '.join(inv['hosts'])}; aqm guest {v['package']} ({v['release']}, "
-                          f"{v['accel']}, {v['share']}), agent ready {v.get('boot_s', '?')} s after start; "
-                          f"inventory {netns.inventory_path()}")
+            console.print(f"lab up (vm): {', '.join(inv['hosts'])}; guests {', '.join(v['roles'])} run "
+                          f"{v['package']} ({v['release']}, {v['accel']}, {v['share']}), agents ready "
+                          f"{v.get('boot_s', '?')} s after start; inventory {netns.inventory_path()}")
         elif args.action == "up":
             inv = netns.up()
             console.print(f"lab up: {', '.join(inv['hosts'])}; inventory {netns.inventory_path()}")
@@ -47,23 +61,22 @@ def cmd_lab(args: argparse.Namespace) -> int:
             else:
                 names = ' '.join(st['namespaces']) or '-'
                 console.print(f"healthy: {st['healthy']}  kind: {kind}  namespaces: {names}")
-                if "vm" in st:
-                    v = st["vm"]
-                    console.print(f"  vm {v['package']} ({v['accel']}) pid {v['pid']} alive {v['alive']}; "
-                                  f"console {v['console']}")
+                for role, g in st.get("vm", {}).get("guests", {}).items():
+                    console.print(f"  vm {role}: {st['vm']['package']} ({st['vm']['accel']}) pid {g['pid']} "
+                                  f"alive {g['alive']}; console {g['console']}")
                 for a in st["agents"]:
                     where = f"pid {a['pid']}" if a.get("pid") else f"in the VM, {a.get('agent')}"
                     console.print(f"  agent {a['role']} {where}")
                 for link in st["links"]:
                     console.print(f"  {link['namespace']} {link['ifname']} {link['state']} {' '.join(link['addr'])}")
-    except (netns.LabError, vm_image.ImageError) as exc:
+    except (netns.LabError, vm_image.ImageError, PlanError) as exc:
         console.print(f"[red]lab {args.action} failed:[/red] {exc}")
         return 1
     return 0
 
 
 def _lab_exec(kind: str, command: list[str]) -> int:
-    """`tcplab lab exec ROLE CMD...`: in that role's namespace, or in the aqm guest of a vm lab."""
+    """`tcplab lab exec ROLE CMD...`: in that role's namespace, or in its guest on a vm lab."""
     from orchestrator.inventory import load_inventory
     from orchestrator.lab import netns, vm
 
@@ -79,7 +92,7 @@ def _lab_exec(kind: str, command: list[str]) -> int:
         return 2
     if host.namespace:
         return subprocess.run(["ip", "netns", "exec", host.namespace, *argv], check=False).returncode
-    done = vm.guest_exec(argv)
+    done = vm.guest_exec(argv, role=role)
     sys.stdout.write(done.stdout)
     sys.stderr.write(done.stderr)
     return done.returncode
@@ -177,13 +190,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True)
 
-    lab = sub.add_parser("lab", help="the local lab: namespaces, or namespaces + an aqm VM")
+    lab = sub.add_parser("lab", help="the local lab: namespaces, or an aqm VM with namespace or VM endpoints")
     lab.add_argument("action", choices=["up", "down", "status", "exec"])
     lab.add_argument("--json", action="store_true")
     lab.add_argument("--kind", choices=["netns", "vm"], default="netns",
                      help="up: netns (host kernel) or vm (aqm is a QEMU guest); down/status follow the lab")
     lab.add_argument("--kernel", metavar="PACKAGE", default=None,
-                     help="vm: Debian kernel package of the aqm guest (default: newest linux-image-6.1.0-*-amd64)")
+                     help="vm: Debian kernel package of the guests (default: newest linux-image-6.1.0-*-amd64)")
+    lab.add_argument("--plan", metavar="FILE", type=Path, default=None,
+                     help="vm: boot the Debian kernel package the plan's kernel variants name for the guests")
+    lab.add_argument("--vm-roles", metavar="ROLES", default=None,
+                     help="vm: which hosts are guests: aqm (default; the endpoints are namespaces), "
+                          "e.g. aqm,server, or all (the senders then run the guest kernel: dctcp, ...)")
     lab.add_argument("command", nargs="*", help="exec: ROLE -- CMD [ARG...]")
     lab.set_defaults(func=cmd_lab)
 

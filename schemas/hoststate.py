@@ -68,6 +68,7 @@ class Red(_Strict):
     bandwidth_bit: int = Field(gt=0, description="link rate for idle-time averaging, bit/s")
     ecn: bool = Field(default=False, description="mark ECT packets instead of dropping")
     adaptive: bool = Field(default=False, description="adapt max_p (adaptive RED)")
+    nodrop: bool = Field(default=False, description="with ecn: queue non-ECT packets instead of dropping them")
 
 
 class FqCodel(_Strict):

@@ -149,6 +149,8 @@ class Capabilities(_Msg):
     drivers: dict[str, str] = Field(default_factory=dict, description="per interface: ethtool -i driver")
     tools: dict[str, str] = Field(description="tool -> version string")
     tracepoints: list[str]
+    socket_diag: bool = Field(True, description="inet_diag answers for TCP (tcp_diag): `ss -ti` shows TCP_INFO "
+                              "(without it ss reads /proc/net/tcp: no cwnd, no DCTCP alpha)")
 
 
 class HelloResult(_Msg):

@@ -88,7 +88,8 @@ def _red(s: Red) -> list[str]:
     p = min(s.probability, RED_MAX_PROBABILITY)
     return ["red", "limit", str(s.limit_bytes), "min", str(s.min_bytes), "max", str(s.max_bytes),
             "avpkt", str(s.avpkt_bytes), "burst", str(s.burst_packets), "probability", f"{p:.8g}",
-            "bandwidth", f"{s.bandwidth_bit}bit", *_flag(s.ecn, "ecn", None), *_flag(s.adaptive, "adaptive", None)]
+            "bandwidth", f"{s.bandwidth_bit}bit", *_flag(s.ecn, "ecn", None), *_flag(s.adaptive, "adaptive", None),
+            *_flag(s.nodrop, "nodrop", None)]
 
 
 def _aqm(stage: QdiscStage) -> list[str] | None:

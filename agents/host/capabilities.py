@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 from pathlib import Path
+
+from pyroute2 import DiagSocket
+from pyroute2.netlink.exceptions import NetlinkError
 
 from agents import procs
 from agents.host.argv import OFFLOAD_LONG_NAMES
@@ -79,6 +83,17 @@ def _first_line(argv: list[str]) -> str:
     return text[0] if text else "unknown"
 
 
+def tcp_socket_diag() -> bool:
+    """Whether inet_diag answers a TCP dump (needs tcp_diag): what `ss -ti` needs for TCP_INFO."""
+    try:
+        with DiagSocket() as diag:
+            diag.bind()
+            diag.get_sock_stats(family=socket.AF_INET)
+        return True
+    except (NetlinkError, OSError):
+        return False
+
+
 def probe(interfaces: list[str]) -> Capabilities:
     root = tracefs_root()
     tracepoints = []
@@ -102,4 +117,5 @@ def probe(interfaces: list[str]) -> Capabilities:
         drivers={dev: read_driver(dev) for dev in interfaces},
         tools={name: _first_line(argv) for name, argv in TOOLS.items()},
         tracepoints=tracepoints,
+        socket_diag=tcp_socket_diag(),
     )

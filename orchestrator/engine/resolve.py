@@ -13,7 +13,9 @@ from orchestrator.plan.runspec import RunSpec
 from schemas import protocol
 from schemas.hoststate import HostState, InterfaceState
 
-LEAD_NS = 700_000_000
+# iperf3 servers must listen before the clients connect: a loaded TCG guest once took more than 0.7 s to
+# start one (the client got "Connection refused", which iperf3 -J reports with exit code 0)
+LEAD_NS = 1_200_000_000
 # > libpcap's TPACKET_V3 block timeout (tcpdump: 1000 ms): a partly filled block is handed to tcpdump only
 # when it retires, and SIGTERM does not flush it, so the final ACKs and FINs need this long (G-CAPTURE)
 TAIL_NS = 1_500_000_000

@@ -23,7 +23,7 @@ from orchestrator.storage.ingest import RunIngest, write_run
 from schemas import protocol
 
 log = logging.getLogger("tcplab.manager")
-START_MARGIN_NS = 1_500_000_000
+START_MARGIN_NS = 2_000_000_000
 Phase = Callable[[str, str], None]
 
 
@@ -143,12 +143,19 @@ class Manager:
         run_row = self._run_row(spec, plan_row, t0, started, error, flags)
         flow_rows = self._flow_rows(spec, run_dir if error is None else None)
         points = resolve.capture_point_names(spec, self.inv)
+        # saved before parsing: a run the parsers refuse can be re-ingested as it came from the hosts
+        save_ingest_inputs(run_dir, run_row, plan_row, flow_rows, evidence, artifacts, points)
+        ingest = None
         if error is None:
             self.on_phase(spec.run_id, "ingest")
-            ingest = assemble(spec, run_row, plan_row, run_dir, artifacts, evidence, flow_rows, points)
-        else:
+            try:
+                ingest = assemble(spec, run_row, plan_row, run_dir, artifacts, evidence, flow_rows, points)
+            except ValueError as exc:  # ArtifactError, or a capture the pcap reader refuses
+                error = f"ingest: {exc} (artifacts kept: `tcplab ingest {run_dir}` once fixed)"
+                log.error("run not ingested run=%s error=%s", spec.run_id, error)
+                run_row = {**run_row, "status": "failed", "error": error}
+        if ingest is None:
             ingest = RunIngest(run=run_row, plan=plan_row, flows=flow_rows, evidence=evidence)
-        save_ingest_inputs(run_dir, run_row, plan_row, flow_rows, evidence, artifacts, points)
         counts = write_run(self.db, ingest)
         return RunOutcome(spec.run_id, run_row["status"], error, flags, dict(vars(counts)))
 

@@ -13,6 +13,7 @@ from orchestrator.plan.runspec import RunSpec
 from schemas import protocol
 from schemas.hoststate import (
     Bfifo,
+    Cake,
     Codel,
     Fq,
     FqCodel,
@@ -96,6 +97,7 @@ def _want(stage: QdiscStage) -> list[tuple[str, object, object]]:
     if isinstance(stage, Red):
         return [("limit", "limit", stage.limit_bytes), ("min", "min", stage.min_bytes),
                 ("max", "max", stage.max_bytes), ("ecn", "ecn", stage.ecn), ("adaptive", "adaptive", stage.adaptive),
+                ("nodrop", "nodrop", stage.nodrop),
                 ("probability", "probability", stage.probability)]
     if isinstance(stage, (FqCodel, Codel)):
         return [("limit", "limit", stage.limit_packets), ("target", "target", _us(stage.target_ns)),
@@ -106,6 +108,12 @@ def _want(stage: QdiscStage) -> list[tuple[str, object, object]]:
         return [("limit", "limit", stage.limit_packets), ("target", "target", _us(stage.target_ns)),
                 ("tupdate", "tupdate", _us(stage.tupdate_ns))] + ([("ecn", "ecn", stage.ecn)]
                                                                   if isinstance(stage, Pie) else [])
+    if isinstance(stage, Cake):
+        return [("bandwidth", "bandwidth", None if stage.bandwidth_bit is None else stage.bandwidth_bit // 8),
+                ("rtt", "rtt", _us(stage.rtt_ns)), ("flowmode", "flowmode", stage.flow_mode),
+                ("diffserv", "diffserv", stage.diffserv),
+                ("ack-filter", "ack-filter", "enabled" if stage.ack_filter else "disabled"),
+                ("overhead", "overhead", stage.overhead_bytes)]
     if isinstance(stage, Fq):
         return [("limit", "limit", stage.limit_packets), ("flow_limit", "flow_limit", stage.flow_limit_packets),
                 ("initial_quantum", "initial_quantum", stage.initial_quantum_bytes),
@@ -123,7 +131,7 @@ def aqm_option_differences(stage: QdiscStage, opts: dict) -> list[str]:
         got: object = opts
         for key in (path if isinstance(path, tuple) else (path,)):
             got = got.get(key) if isinstance(got, dict) else None
-        if isinstance(want, bool) or got is None or isinstance(got, bool):
+        if isinstance(want, (bool, str)) or got is None or isinstance(got, (bool, str)):
             ok = got == want
         else:
             ok = abs(float(got) - float(want)) <= max(1e-6, 1e-3 * abs(float(want)), 1.0 if float(want) > 100 else 0)
@@ -254,11 +262,14 @@ def capability_problems(spec: RunSpec, caps: dict[str, protocol.Capabilities]) -
                             f"(available: {' '.join(c.congestion_controls)})")
     problems += nic_problems(spec, caps)
     problems += unsupported_features(spec, caps)
-    if spec.tcp_probe:
-        for role in spec.senders:
-            c = caps.get(role)
-            if c and "tcp:tcp_probe" not in c.tracepoints:
-                problems.append(f"host {role} (kernel {c.kernel_release}) lacks tracepoint tcp:tcp_probe")
+    sender_needs = [  # (asked for, the sender has it, what it lacks)
+        (spec.tcp_probe, lambda c: "tcp:tcp_probe" in c.tracepoints, "tracepoint tcp:tcp_probe"),
+        (bool(spec.ss_interval_ms), lambda c: c.socket_diag,
+         "tcp_diag: `ss -ti` would print no TCP_INFO for the ss sampler (load the tcp_diag module)")]
+    for role in spec.senders:
+        c = caps.get(role)
+        problems += [f"host {role} (kernel {c.kernel_release}) lacks {what}"
+                     for asked, has, what in sender_needs if c and asked and not has(c)]
     return sorted(set(problems))
 
 

@@ -104,6 +104,10 @@ def paired_qdelay(spec: RunSpec, flow_rows: list[dict], captures: list[_Capture]
     return out, pairs
 
 
+class ArtifactError(ValueError):
+    """An artifact the parsers refuse: names the host/file and, through the parser, the line and why."""
+
+
 def assemble(spec: RunSpec, run_row: dict, plan_row: dict | None, run_dir: Path,
              artifacts: dict[str, list[dict]], evidence: list[dict], flow_rows: list[dict],
              point_names: dict[tuple[str, str], str]) -> RunIngest:
@@ -118,23 +122,26 @@ def assemble(spec: RunSpec, run_row: dict, plan_row: dict | None, run_dir: Path,
             art_rows.append({"host": host, "name": info["name"], "kind": info["kind"],
                              "path": str(path), "size": info["size"], "sha256": info["sha256"],
                              "meta": info.get("meta", {})})
-            kind, meta = info["kind"], info.get("meta", {})
-            if kind == "pcap":
-                iface = meta.get("interface", "")
-                point = point_names.get((host, iface), f"{host}:{iface}")
-                captures.append(_Capture(len(captures), point, host, iface, path))
-                extra[point] = {"host": host, "interface": iface, **{k: meta.get(k) for k in CAPTURE_COUNTS}}
-            elif kind == "tcp_probe":
-                probes.append((host, parse_tcp_probe(path.read_text(), trace_offset_ns(meta))))
-            elif kind == "ss":
-                ss.append((host, parse_ss(path.read_text())))
-            elif kind == "qdisc_stats":
-                iface = info["name"].removeprefix("qdisc-").removesuffix(".csv")
-                qdisc.append((host, iface, parse_qdisc_csv(path.read_text())))
-            elif kind == "iperf3_client":
-                result = parse_iperf3(path.read_text())
-                port = int(info["name"].removeprefix("iperf3-client-").removesuffix(".json"))
-                iperf.append((port_to_flow[port], result.intervals))
+            try:
+                kind, meta = info["kind"], info.get("meta", {})
+                if kind == "pcap":
+                    iface = meta.get("interface", "")
+                    point = point_names.get((host, iface), f"{host}:{iface}")
+                    captures.append(_Capture(len(captures), point, host, iface, path))
+                    extra[point] = {"host": host, "interface": iface, **{k: meta.get(k) for k in CAPTURE_COUNTS}}
+                elif kind == "tcp_probe":
+                    probes.append((host, parse_tcp_probe(path.read_text(), trace_offset_ns(meta))))
+                elif kind == "ss":
+                    ss.append((host, parse_ss(path.read_text())))
+                elif kind == "qdisc_stats":
+                    iface = info["name"].removeprefix("qdisc-").removesuffix(".csv")
+                    qdisc.append((host, iface, parse_qdisc_csv(path.read_text())))
+                elif kind == "iperf3_client":
+                    result = parse_iperf3(path.read_text())
+                    port = int(info["name"].removeprefix("iperf3-client-").removesuffix(".json"))
+                    iperf.append((port_to_flow[port], result.intervals))
+            except ValueError as exc:  # a parser's format error names the line and why; add the file
+                raise ArtifactError(f"{host}/{info['name']}: {exc}") from exc
     conns = ConnRegistry()
     qd, pairs = paired_qdelay(spec, flow_rows, captures, conns)
     packets = [(c.label, PcapReader(c.path, c.point_id)) for c in captures]

@@ -37,6 +37,8 @@ DCTCP_MAX_ALPHA = 1024
 
 _POLL = re.compile(r"^@ (\d+) (\d+)\s*$")
 _SOCKET = re.compile(r"^(\S+)\s+\d+\s+\d+\s+(\S+)\s+(\S+)\s*$")
+# what ss prints without inet_diag: `ESTAB 0 0 a:p b:p rto:0.36 ato:0.04 qack:15 bidir cwnd:10 ...`
+_PROC_FALLBACK = re.compile(r"^\S+\s+\d+\s+\d+\s+\S+\s+\S+\s+[a-z_]+:")
 _ENDPOINT = re.compile(r"^(?:\[([^\]]+)\]|([^\s\[\]]+)):(\d+|\*)$")
 _ITEM = re.compile(r"([a-z_]+):(\S+)")
 _RATE = re.compile(r"\b(send|pacing_rate|delivery_rate) (\d+(?:\.\d+)?)bps")
@@ -102,6 +104,9 @@ def parse_ss_with_stats(text: str) -> tuple[np.ndarray, SsStats]:
         if pending is not None:
             raise SsFormatError(pending[0], pending[1], "socket line without its info line")
         m = _SOCKET.match(line)
+        if m is None and _PROC_FALLBACK.match(line):
+            raise SsFormatError(no, line, "socket and timer fields on one line: ss read /proc/net/tcp, not "
+                                "inet_diag (the host's kernel has no tcp_diag loaded), so it has no TCP_INFO")
         if m is None:
             raise SsFormatError(no, line, "not a socket line")
         pending = (no, m.group(2), m.group(3))

@@ -61,7 +61,7 @@ def netns_topology(prefix: str = PREFIX, net: str = "10.199") -> Topology:
 
 def namespace_argv(topo: Topology, roles: tuple[str, ...] | None = None) -> list[list[str]]:
     """Create the namespaces of `roles` (default: all) with loopback up."""
-    roles = roles or topo.roles
+    roles = topo.roles if roles is None else roles
     return ([["ip", "netns", "add", topo.namespace(r)] for r in roles]
             + [["ip", "-n", topo.namespace(r), "link", "set", "lo", "up"] for r in roles])
 
@@ -72,17 +72,20 @@ def address_argv(topo: Topology, ep: Endpoint) -> list[list[str]]:
             ["ip", "-n", ns, "link", "set", ep.ifname, "up"]]
 
 
-def route_argv(topo: Topology) -> list[list[str]]:
-    """Endpoints reach the far subnet through the aqm; no default route, so nothing leaves the lab."""
-    cmds = []
+def routes(topo: Topology) -> list[tuple[str, str, str, str]]:
+    """(role, subnet, via, dev): endpoints reach the far subnet through the aqm; no default route, so
+    nothing leaves the lab."""
+    out = []
     for link in topo.links:
         end = link.a if link.a.role != "aqm" else link.b
         router = topo.peer(end)
-        for other in topo.links:
-            if other is not link:
-                cmds.append(["ip", "-n", topo.namespace(end.role), "route", "add", other.subnet,
-                             "via", router.addr, "dev", end.ifname])
-    return cmds
+        out += [(end.role, other.subnet, router.addr, end.ifname) for other in topo.links if other is not link]
+    return out
+
+
+def route_argv(topo: Topology, roles: tuple[str, ...] | None = None) -> list[list[str]]:
+    return [["ip", "-n", topo.namespace(role), "route", "add", subnet, "via", via, "dev", dev]
+            for role, subnet, via, dev in routes(topo) if roles is None or role in roles]
 
 
 def build_argv(topo: Topology) -> list[list[str]]:

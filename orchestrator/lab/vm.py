@@ -1,15 +1,18 @@
-"""The VM lab (effects): `up`, `down`, `status` for `tcplab lab up --kind vm`.
+"""The VM lab (effects): `up`, `down`, `status` for `tcplab lab up --kind vm [--vm-roles ROLES]`.
 
-Hybrid: client and server are network namespaces exactly as in the netns lab (same names, addresses,
-`to-aqm` interfaces, agents on UNIX sockets); the aqm is a QEMU guest booting a Debian kernel package
-(orchestrator.lab.vm_image), so netem/red/fq_codel/... exist even when the host kernel lacks them.
-- Data links: each namespace's `to-aqm` is a tap created *inside* that namespace (its fd is opened after
-  setns and handed to QEMU), so no data interface or address ever exists in the root namespace.
-- Host files: the guest mounts the host's `/` read-only (9p, or virtiofs for kernels without 9p) and
-  runs this repository's agent with this interpreter (orchestrator.lab.vm_guest is its PID 1).
-- Control: a QEMU user-mode NIC with restrict=on (the guest reaches nothing) forwards
-  127.0.0.1:PORT to the guest agent: the inventory says tcp://127.0.0.1:PORT.
-QEMU is a child of the lab supervisor (PID 1 here reaps nothing); `down` stops it by pid.
+The aqm is a QEMU guest booting a Debian kernel package (orchestrator.lab.vm_image), so netem/red/
+fq_codel/... exist even when the host kernel lacks them; the client and server are network namespaces
+exactly as in the netns lab (same names, addresses, `to-aqm` interfaces, agents on UNIX sockets), or
+guests too when chosen, so that the senders run the guest kernel (dctcp, a patched congestion control).
+How guests are wired and configured is data: orchestrator.lab.vm_config.
+- No data interface or address ever exists in the root namespace: a tap toward a namespace is created
+  inside that namespace (its fd is opened after setns and handed to QEMU); guests talk to each other over
+  UNIX datagram sockets.
+- Host files: each guest mounts the host's `/` read-only (9p, or virtiofs for kernels without 9p) and runs
+  this repository's agent with this interpreter (orchestrator.lab.vm_guest is its PID 1).
+- Control: a QEMU user-mode NIC with restrict=on (the guest reaches nothing) forwards 127.0.0.1:PORT to
+  the guest's agent: the inventory says tcp://127.0.0.1:PORT.
+Each QEMU is a child of the lab supervisor (PID 1 here reaps nothing); `down` stops them by pid.
 """
 from __future__ import annotations
 
@@ -19,7 +22,6 @@ import fcntl
 import json
 import logging
 import os
-import re
 import secrets
 import shutil
 import socket
@@ -32,86 +34,28 @@ from pathlib import Path
 from agents import procs
 from orchestrator.agent_client import AgentClient
 from orchestrator.lab import netns, vm_guest, vm_image
-from orchestrator.lab.netns import AGENT_ARTIFACTS, LAB_PREFIX, STATE_DIR, LabError, inventory_path
-from orchestrator.lab.topology import Topology, address_argv, namespace_argv, neigh_argv, netns_topology, route_argv
+from orchestrator.lab.netns import LAB_PREFIX, STATE_DIR, LabError, inventory_path
+from orchestrator.lab.topology import address_argv, namespace_argv, neigh_argv, netns_topology, route_argv
+from orchestrator.lab.vm_config import (
+    EXEC_SOCKET,
+    QEMU,
+    Nic,
+    check_vm_roles,
+    guest_config,
+    guest_nics,
+    kernel_cmdline,
+    lab_macs,
+    qemu_argv,
+    virtiofsd_argv,
+    vm_dir,
+)
 
 log = logging.getLogger("tcplab.lab")
 REPO_ROOT = Path(__file__).resolve().parents[2]
-QEMU = "qemu-system-x86_64"
-VIRTIOFSD = "/usr/lib/qemu/virtiofsd"  # QEMU 7.2's C daemon (package qemu-system-common)
-GUEST_MACS = {"to-client": "52:54:00:7c:01:fe", "to-server": "52:54:00:7c:02:fe"}
-CONTROL_MAC, CONTROL_ADDR = "52:54:00:7c:00:fe", "10.0.2.15"  # QEMU user-mode network defaults
-CLOCK_ADDR, CLOCK_PORT = "10.0.2.100", 37  # guestfwd: each connection runs `date` on the host
-GUEST_TMPFS = ("/tmp", "/var/tmp", "/run", "/dev/shm")  # vm_image.INIT_SCRIPT mounts these
-SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/+-]*$")  # goes onto the kernel command line and into -serial file:
 TUNSETIFF, IFF_TAP, IFF_NO_PI, CLONE_NEWNET = 0x400454CA, 0x0002, 0x1000, 0x40000000
+VM_PROCESSES = ("qemu-", "virtiofsd-")  # supervisor children of a guest, named <kind>-<role>
 
 
-# ---------------------------------------------------------------- pure: guest config and QEMU argv
-def guest_config(topo: Topology, port: int, tap_macs: dict[str, str]) -> dict:
-    """/run/tcplab-vm/guest.json for orchestrator.lab.vm_guest; tap_macs[role] = MAC of that `to-aqm`."""
-    interfaces = [{"ifname": ep.ifname, "mac": GUEST_MACS[ep.ifname], "addr": ep.addr, "plen": ep.plen,
-                   "neighbours": [[topo.peer(ep).addr, tap_macs[topo.peer(ep).role]]]}
-                  for ep in topo.endpoints("aqm")]
-    interfaces.append({"ifname": "ctl", "mac": CONTROL_MAC, "addr": CONTROL_ADDR, "plen": 24, "neighbours": []})
-    agent = ["--name", "aqm", "--listen", f"tcp://{CONTROL_ADDR}:{port}", "--token-file", "/run/tcplab-vm/token",
-             "--artifacts", str(AGENT_ARTIFACTS / topo.prefix / "aqm")]
-    for ep in topo.endpoints("aqm"):
-        agent += ["--interface", ep.ifname]
-    return {"hostname": topo.namespace("aqm"), "interfaces": interfaces,
-            "sysctls": {"net.ipv4.ip_forward": "1"}, "clock": [CLOCK_ADDR, CLOCK_PORT], "agent": agent}
-
-
-def kernel_cmdline(share: str, guest_dir: Path, python: str, repo: Path) -> str:
-    for path in (str(guest_dir), python, str(repo)):
-        if not SAFE_PATH.match(path):
-            raise LabError(f"{path!r}: the VM lab needs paths without spaces, commas or shell characters")
-    for path in (python, str(Path(python).resolve()), str(repo)):
-        if any(path == d or path.startswith(f"{d}/") for d in GUEST_TMPFS):
-            raise LabError(f"{path}: the aqm guest mounts tmpfs over {', '.join(GUEST_TMPFS)} and could not run it; "
-                           "use an interpreter and repository outside them")
-    # clocksource=hpet: QEMU's HPET runs on the host's clock; the guest's own TSC calibration under TCG is
-    # ~10 ppm off (0.7 ms/min of drift), HPET reads cost no measurable throughput
-    return (f"console=ttyS0 panic=-1 quiet mitigations=off clocksource=hpet tcplab.share={share} "
-            f"tcplab.guest={guest_dir} tcplab.python={python} tcplab.repo={repo}")
-
-
-def qemu_argv(image: vm_image.KernelImage, accel: str, cmdline: str, state_dir: Path, name: str,
-              nics: list[tuple[int, str]], port: int, share_socket: Path | None = None,
-              memory_mb: int = 1024, cpus: int = 1, cpu: str | None = None) -> list[str]:
-    """The aqm guest. nics: (tap fd, guest MAC) in order; the control NIC is QEMU's user-mode network."""
-    argv = [QEMU, "-name", f"{name},process={name}", "-nodefaults", "-no-user-config", "-display", "none",
-            "-no-reboot", "-accel", accel, "-cpu", cpu or ("qemu64" if accel == "tcg" else "host"),
-            "-m", str(memory_mb), "-smp", str(cpus), "-kernel", str(image.vmlinuz), "-initrd", str(image.initramfs),
-            "-append", cmdline, "-serial", f"file:{state_dir / 'console.log'}",
-            "-pidfile", str(state_dir / "qemu.pid")]
-    if image.share == "9p":
-        argv += ["-virtfs", "local,path=/,mount_tag=hostroot,readonly=on,security_model=none,multidevs=remap"]
-    else:
-        argv += ["-chardev", f"socket,id=vfs,path={share_socket}",
-                 "-device", "vhost-user-fs-pci,chardev=vfs,tag=hostroot",
-                 "-object", f"memory-backend-memfd,id=mem,size={memory_mb}M,share=on", "-numa", "node,memdev=mem"]
-    argv += ["-device", "virtio-serial-pci,id=vser",
-             "-chardev", f"socket,id=exec,path={state_dir / 'exec.sock'},server=on,wait=off",
-             "-device", f"virtserialport,bus=vser.0,chardev=exec,name={vm_guest.EXEC_PORT}"]
-    for i, (fd, mac) in enumerate(nics):
-        argv += ["-netdev", f"tap,id=data{i},fd={fd}", "-device", f"virtio-net-pci,netdev=data{i},mac={mac},romfile="]
-    ctl = (f"user,id=ctl,restrict=on,ipv6=off,hostfwd=tcp:127.0.0.1:{port}-{CONTROL_ADDR}:{port},"
-           f"guestfwd=tcp:{CLOCK_ADDR}:{CLOCK_PORT}-cmd:date +%s%N")
-    return argv + ["-netdev", ctl, "-device", f"virtio-net-pci,netdev=ctl,mac={CONTROL_MAC},romfile="]
-
-
-def virtiofsd_argv(view: Path, socket_path: Path) -> list[str]:
-    """virtiofsd (QEMU 7.2's C daemon has no read-only mode) serving a read-only bind of the host's `/`
-    made in a private mount namespace: the guest cannot write the host through it."""
-    script = ('set -e; mount --rbind / "$1"; mount --make-rslave "$1"; '
-              'for m in $(findmnt -Rrno TARGET "$1"); do mount -o remount,bind,ro "$m" || true; done; '
-              'exec "$2" --socket-path="$3" -o source="$1" -o cache=auto -o sandbox=namespace')
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "virtiofsd", str(view),
-            VIRTIOFSD, str(socket_path)]
-
-
-# ---------------------------------------------------------------- effects
 def open_tap(namespace: str, ifname: str) -> int:
     """A tap named `ifname` created inside `namespace` (it lives as long as an fd to it is open)."""
     libc = ctypes.CDLL(None, use_errno=True)
@@ -172,58 +116,62 @@ def missing_tools() -> list[str]:
 
 
 def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, kernel: str | None = None,
-       timeout_s: float = 180.0) -> dict:
+       timeout_s: float = 180.0, vm_roles: tuple[str, ...] = ("aqm",)) -> dict:
+    topo = netns_topology(prefix)
+    vm_roles = check_vm_roles(topo, vm_roles)
     if inventory_path(state_dir).exists() or netns.lab_namespaces(prefix):
         kind = lab_kind(state_dir)
         if kind != "vm" and netns.status(state_dir, prefix)["healthy"]:
             raise LabError(f"a {kind} lab is up in {state_dir}: run `tcplab lab down` first")
         if kind == "vm" and status(state_dir, prefix)["healthy"]:
             inv = json.loads(inventory_path(state_dir).read_text())
-            if kernel not in (None, inv["vm"]["package"]):
-                raise LabError(f"a vm lab with {inv['vm']['package']} is up: run `tcplab lab down` first")
+            if kernel not in (None, inv["vm"]["package"]) or tuple(inv["vm"]["roles"]) != vm_roles:
+                raise LabError(f"a vm lab with {inv['vm']['package']} and guests {', '.join(inv['vm']['roles'])} "
+                               "is up: run `tcplab lab down` first")
             return inv
         down(state_dir, prefix)
     if missing := missing_tools():
         raise LabError("the VM lab needs " + ", ".join(missing) + ": run `make vm-deps`")
     image = vm_image.ensure_image(kernel)
     accel = choose_accel(image)
-    topo = netns_topology(prefix)
-    ends = [ep for role in ("client", "server") for ep in topo.endpoints(role)]
-    fds: list[int] = []
+    ns_roles = tuple(r for r in topo.roles if r not in vm_roles)
+    nics = {role: guest_nics(topo, role, vm_roles, state_dir) for role in vm_roles}
+    fds: dict[tuple[str, str], int] = {}
     try:
-        for argv in namespace_argv(topo, ("client", "server")):
+        for argv in namespace_argv(topo, ns_roles):
             procs.run(argv)
-        for ep in ends:  # each namespace's `to-aqm` is a tap born in that namespace
-            fds.append(open_tap(topo.namespace(ep.role), ep.ifname))
+        for role in vm_roles:  # each namespace's interface toward a guest is a tap born in that namespace
+            for nic in nics[role]:
+                if nic.backend == "tap":
+                    fds[(role, nic.ifname)] = open_tap(nic.namespace, nic.tap_ifname)
+        ns_ends = [ep for r in ns_roles for ep in topo.endpoints(r)]
+        for ep in ns_ends:
             for argv in address_argv(topo, ep):
                 procs.run(argv)
-        for argv in route_argv(topo):
+        for argv in route_argv(topo, ns_roles):
             procs.run(argv)
-        macs = {(ep.role, ep.ifname): netns.link_mac(topo.namespace(ep.role), ep.ifname) for ep in ends}
-        macs.update({("aqm", ep.ifname): GUEST_MACS[ep.ifname] for ep in topo.endpoints("aqm")})
-        for argv in neigh_argv(topo, macs, roles=("client", "server")):
+        macs = lab_macs(topo, vm_roles, {(ep.role, ep.ifname): netns.link_mac(topo.namespace(ep.role), ep.ifname)
+                                         for ep in ns_ends})
+        for argv in neigh_argv(topo, macs, roles=ns_roles):
             procs.run(argv)
         state_dir.mkdir(parents=True, exist_ok=True)
         token_file = state_dir / "token"
         token_file.touch(mode=0o600)
         token_file.write_text(secrets.token_hex(32))
-        port = free_port()
-        guest_dir = state_dir / "guest"  # what the guest copies at boot: 0700, token 0600
-        guest_dir.mkdir(mode=0o700, exist_ok=True)
-        shutil.copy(token_file, guest_dir / "token")
-        tap_macs = {ep.role: macs[(ep.role, ep.ifname)] for ep in ends}
-        (guest_dir / "guest.json").write_text(json.dumps(guest_config(topo, port, tap_macs), indent=2))
-        agents = {r: f"unix:{state_dir / f'agent-{r}.sock'}" for r in ("client", "server")}
-        inv = netns.inventory_dict(topo, "vm", token_file, macs, {**agents, "aqm": f"tcp://127.0.0.1:{port}"},
-                                   {"client": topo.namespace("client"), "server": topo.namespace("server"),
-                                    "aqm": None})
-        nics = [(fd, GUEST_MACS[topo.peer(ep).ifname]) for fd, ep in zip(fds, ends, strict=True)]
-        inv["processes"] = _processes(image, accel, state_dir, guest_dir, topo.namespace("aqm"), nics, port)
-        inv["vm"] = {**image.to_json(), "accel": accel, "control_port": port,
-                     "console": str(state_dir / "console.log"), "pidfile": str(state_dir / "qemu.pid")}
-        return _start(state_dir, inv, fds, timeout_s)
+        ports = dict(zip(vm_roles, free_ports(len(vm_roles)), strict=True))
+        agents = {r: f"unix:{state_dir / f'agent-{r}.sock'}" for r in ns_roles}
+        agents.update({r: f"tcp://127.0.0.1:{port}" for r, port in ports.items()})
+        inv = netns.inventory_dict(topo, "vm", token_file, macs, agents,
+                                   {r: topo.namespace(r) if r in ns_roles else None for r in topo.roles})
+        inv["processes"], guests = [], {}
+        for role, port in ports.items():
+            gdir = _prepare_guest_dir(state_dir, role, token_file, guest_config(topo, role, port, macs))
+            inv["processes"] += _processes(image, accel, gdir, topo.namespace(role), nics[role], fds, role, port)
+            guests[role] = {"control_port": port, "console": str(gdir / "console.log")}
+        inv["vm"] = {**image.to_json(), "accel": accel, "roles": list(vm_roles), "guests": guests}
+        return _start(state_dir, inv, list(fds.values()), timeout_s)
     except BaseException:
-        for fd in fds:
+        for fd in fds.values():
             try:
                 os.close(fd)
             except OSError:
@@ -232,26 +180,46 @@ def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, kernel: str | None
         raise
 
 
-def _processes(image: vm_image.KernelImage, accel: str, state_dir: Path, guest_dir: Path, name: str,
-               nics: list[tuple[int, str]], port: int) -> list[dict]:
-    """The supervisor's extra children: [virtiofsd,] QEMU (with the tap fds)."""
+def free_ports(count: int) -> list[int]:
+    ports: list[int] = []
+    while len(ports) < count:
+        if (port := free_port()) not in ports:
+            ports.append(port)
+    return ports
+
+
+def _prepare_guest_dir(state_dir: Path, role: str, token_file: Path, config: dict) -> Path:
+    """<state>/vm-<role>/, with guest/ (0700: token 0600, guest.json) that the guest copies at boot."""
+    gdir = vm_dir(state_dir, role)
+    gdir.mkdir(parents=True, exist_ok=True)
+    (gdir / "guest").mkdir(mode=0o700, exist_ok=True)
+    shutil.copy(token_file, gdir / "guest" / "token")
+    (gdir / "guest" / "guest.json").write_text(json.dumps(config, indent=2))
+    for stale in [*gdir.glob("*.sock"), gdir / "console.log"]:
+        stale.unlink(missing_ok=True)
+    return gdir
+
+
+def _processes(image: vm_image.KernelImage, accel: str, gdir: Path, name: str, nics: list[Nic],
+               fds: dict[tuple[str, str], int], role: str, port: int) -> list[dict]:
+    """The supervisor's extra children for one guest: [virtiofsd,] QEMU (with its tap fds)."""
     processes = []
     share_socket = None
     if image.share == "virtiofs":
-        share_socket, view = state_dir / "virtiofsd.sock", state_dir / "hostroot"
+        share_socket, view = gdir / "virtiofsd.sock", gdir / "hostroot"
         view.mkdir(exist_ok=True)
-        share_socket.unlink(missing_ok=True)
-        processes.append({"name": "virtiofsd", "argv": virtiofsd_argv(view, share_socket),
+        processes.append({"name": f"virtiofsd-{role}", "argv": virtiofsd_argv(view, share_socket),
                           "ready_path": str(share_socket)})
-    cmdline = kernel_cmdline(image.share, guest_dir, sys.executable, REPO_ROOT)
-    argv = qemu_argv(image, accel, cmdline, state_dir, name, nics, port, share_socket,
+    cmdline = kernel_cmdline(image.share, gdir / "guest", sys.executable, REPO_ROOT)
+    netdevs = [(nic.netdev(i, fds.get((role, nic.ifname))), nic.mac) for i, nic in enumerate(nics)]
+    argv = qemu_argv(image, accel, cmdline, gdir, name, netdevs, port, share_socket,
                      cpus=int(os.environ.get("TCPLAB_VM_SMP", "1")), cpu=os.environ.get("TCPLAB_VM_CPU"))
-    return [*processes, {"name": "qemu", "argv": argv, "pass_fds": [fd for fd, _ in nics]}]
+    pass_fds = [fds[(role, nic.ifname)] for nic in nics if nic.backend == "tap"]
+    return [*processes, {"name": f"qemu-{role}", "argv": argv, "pass_fds": pass_fds}]
 
 
 def _start(state_dir: Path, inv: dict, fds: list[int], timeout_s: float) -> dict:
-    """Start the supervisor (handing it the tap fds), then wait until all three agents answer."""
-    (state_dir / "console.log").unlink(missing_ok=True)
+    """Start the supervisor (handing it the tap fds), then wait until every agent answers."""
     inventory_path(state_dir).write_text(json.dumps(inv, indent=2))
     started = time.monotonic()
     with open(state_dir / "lab.log", "ab") as log_file:
@@ -265,49 +233,53 @@ def _start(state_dir: Path, inv: dict, fds: list[int], timeout_s: float) -> dict
     asyncio.run(netns._wait_for_agents(inv, Path(inv["token_file"]).read_bytes(), timeout_s, sup,
                                        check=lambda: _check_qemu(state_dir)))
     inv["vm"]["boot_s"] = round(time.monotonic() - started, 2)
-    inv["vm"]["clock_offset_ns"] = asyncio.run(calibrate_clock(inv, state_dir))
+    for role in inv["vm"]["roles"]:
+        inv["vm"]["guests"][role]["clock_offset_ns"] = asyncio.run(calibrate_clock(inv, state_dir, role))
     inventory_path(state_dir).write_text(json.dumps(inv, indent=2))
     return inv
 
 
-async def calibrate_clock(inv: dict, state_dir: Path, rounds: int = 4, good_ns: int = 250_000) -> int:
-    """Measure the guest's clock offset the way the run engine does (the agent's `clock` op) and step
-    the guest clock by it over the exec port, until it is within `good_ns`; returns the last offset.
+async def calibrate_clock(inv: dict, state_dir: Path, role: str, rounds: int = 4, good_ns: int = 250_000) -> int:
+    """Measure a guest's clock offset the way the run engine does (the agent's `clock` op) and step the
+    guest clock by it over the exec port, until it is within `good_ns`; returns the last offset.
     (The boot-time sync through QEMU's guestfwd only gets within a few ms.)"""
-    client = AgentClient("aqm", inv["hosts"]["aqm"]["agent"], Path(inv["token_file"]).read_bytes().strip())
+    client = AgentClient(role, inv["hosts"][role]["agent"], Path(inv["token_file"]).read_bytes().strip())
     await client.connect("tcplab-lab")
     try:
         for _ in range(rounds):
             offset, _rtt = await client.clock_offset_ns(samples=9)
             if abs(offset) <= good_ns:
                 break
-            vm_guest.guest_request(state_dir / "exec.sock", {"clock_step_ns": -offset})
+            vm_guest.guest_request(vm_dir(state_dir, role) / EXEC_SOCKET, {"clock_step_ns": -offset})
         return offset
     finally:
         await client.close()
 
 
-def guest_exec(argv: list[str], state_dir: Path = STATE_DIR, timeout_s: float = 60.0) -> procs.Completed:
-    """Run argv as root in the aqm guest over the exec port (the VM's `ip netns exec`)."""
+def guest_exec(argv: list[str], state_dir: Path = STATE_DIR, timeout_s: float = 60.0,
+               role: str = "aqm") -> procs.Completed:
+    """Run argv as root in a guest over its exec port (the VM's `ip netns exec`)."""
     try:
-        r = vm_guest.guest_exec(state_dir / "exec.sock", argv, timeout_s)
+        r = vm_guest.guest_exec(vm_dir(state_dir, role) / EXEC_SOCKET, argv, timeout_s)
     except OSError as exc:
-        raise LabError(f"exec in the aqm guest: {exc} (is the vm lab up?)") from None
+        raise LabError(f"exec in the {role} guest: {exc} (is the vm lab up, with {role} as a guest?)") from None
     return procs.Completed(argv, r["rc"], r["stdout"], r["stderr"])
 
 
-def _console_tail(state_dir: Path, lines: int = 15) -> str:
+def _console_tail(path: Path, lines: int = 15) -> str:
     try:
-        return "\n".join((state_dir / "console.log").read_text(errors="replace").splitlines()[-lines:])
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no console log)"
 
 
 def _check_qemu(state_dir: Path) -> None:
-    pids = _children(state_dir)
-    for name in ("virtiofsd", "qemu"):
-        if name in pids and not netns.pid_alive(pids[name]):
-            raise LabError(f"{name} exited; see {state_dir / 'lab.log'}; guest console:\n{_console_tail(state_dir)}")
+    for name, pid in _children(state_dir).items():
+        if name.startswith(VM_PROCESSES) and not netns.pid_alive(pid):
+            role = name.split("-", 1)[1]
+            console = vm_dir(state_dir, role) / "console.log"
+            raise LabError(f"{name} exited; see {state_dir / 'lab.log'}; {role} guest console:\n"
+                           f"{_console_tail(console)}")
 
 
 def _children(state_dir: Path) -> dict[str, int]:
@@ -326,13 +298,17 @@ def _verified(pid: int | None, marker: str) -> int | None:
         return None
 
 
+def _guest_dirs(state_dir: Path) -> list[Path]:
+    return sorted(p for p in state_dir.glob("vm-*") if p.is_dir())
+
+
 def _vm_pids(state_dir: Path) -> list[int]:
-    pids = _children(state_dir)
-    found = {pids.get("qemu"), pids.get("virtiofsd")}
-    try:
-        found.add(int((state_dir / "qemu.pid").read_text().split()[0]))
-    except (OSError, ValueError, IndexError):
-        pass
+    found = {pid for name, pid in _children(state_dir).items() if name.startswith(VM_PROCESSES)}
+    for gdir in _guest_dirs(state_dir):
+        try:
+            found.add(int((gdir / "qemu.pid").read_text().split()[0]))
+        except (OSError, ValueError, IndexError):
+            pass
     return sorted(p for p in found if _verified(p, str(state_dir)))
 
 
@@ -340,12 +316,14 @@ def lab_kind(state_dir: Path = STATE_DIR) -> str:
     try:
         return json.loads(inventory_path(state_dir).read_text())["kind"]
     except (OSError, json.JSONDecodeError, KeyError):
-        return "vm" if (state_dir / "qemu.pid").exists() or (state_dir / "guest").exists() else "netns"
+        live = [g for g in _guest_dirs(state_dir) if (g / "qemu.pid").exists() or (g / "guest").exists()]
+        return "vm" if live else "netns"
 
 
 def down(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX) -> list[str]:
-    """Stop the supervisor (which stops QEMU), then QEMU/virtiofsd by verified pid if they outlived it,
-    then everything netns.down removes; the taps vanish with QEMU's fds and the namespaces."""
+    """Stop the supervisor (which stops every QEMU), then QEMU/virtiofsd by verified pid if they outlived
+    it, then everything netns.down removes; taps vanish with QEMU's fds and the namespaces. Each guest's
+    console.log stays for the post-mortem."""
     vm_pids = _vm_pids(state_dir)
     sup = netns._supervisor_pid(state_dir)
     removed = []
@@ -356,17 +334,18 @@ def down(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX) -> list[str]:
     netns._kill_pids(left)
     removed += [f"vm process {p}" for p in left]
     removed += netns.down(state_dir, prefix)
-    shutil.rmtree(state_dir / "guest", ignore_errors=True)
-    for name in ("qemu.pid", "virtiofsd.sock", "exec.sock"):
-        (state_dir / name).unlink(missing_ok=True)
-    if (state_dir / "hostroot").is_dir():
-        (state_dir / "hostroot").rmdir()
+    for gdir in _guest_dirs(state_dir):
+        shutil.rmtree(gdir / "guest", ignore_errors=True)
+        for stale in [gdir / "qemu.pid", *gdir.glob("*.sock")]:
+            stale.unlink(missing_ok=True)
+        if (gdir / "hostroot").is_dir():
+            (gdir / "hostroot").rmdir()
     return removed
 
 
-def _guest_links(state_dir: Path) -> dict[str, tuple[str, list[str]]]:
+def _guest_links(state_dir: Path, role: str) -> dict[str, tuple[str, list[str]]]:
     try:
-        out = guest_exec(["ip", "-j", "-br", "addr", "show"], state_dir, timeout_s=5).stdout
+        out = guest_exec(["ip", "-j", "-br", "addr", "show"], state_dir, timeout_s=5, role=role).stdout
         return {lk["ifname"]: (lk["operstate"], [a["local"] for a in lk.get("addr_info", [])])
                 for lk in json.loads(out or "[]")}
     except (LabError, ValueError, KeyError):
@@ -380,17 +359,22 @@ def status(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX) -> dict:
         inv = json.loads(inventory_path(state_dir).read_text())
     except (OSError, json.JSONDecodeError):
         inv = {}
-    vm = {k: inv.get("vm", {}).get(k) for k in ("package", "release", "accel", "share", "console", "boot_s")}
-    qemu = pids.get("qemu")
-    vm.update({"pid": qemu, "alive": bool(qemu and _verified(qemu, str(state_dir)))})
-    agents = [a for a in st["agents"] if a["role"] in ("client", "server")]
-    if inv.get("hosts"):
-        agents.append({"role": "aqm", "pid": None, "alive": vm["alive"], "agent": inv["hosts"]["aqm"]["agent"]})
-        seen = _guest_links(state_dir) if vm["alive"] else {}
-        for ifname, i in inv["hosts"]["aqm"]["interfaces"].items():
+    v = inv.get("vm", {})
+    vm_roles = v.get("roles", [])
+    vm = {k: v.get(k) for k in ("package", "release", "accel", "share", "boot_s", "roles")}
+    vm["guests"] = {}
+    agents = [a for a in st["agents"] if a["role"] in inv.get("hosts", {}) and a["role"] not in vm_roles]
+    for role in vm_roles:
+        qemu = pids.get(f"qemu-{role}")
+        alive = bool(qemu and _verified(qemu, str(state_dir)))
+        vm["guests"][role] = {"pid": qemu, "alive": alive, "console": v["guests"][role]["console"]}
+        agents.append({"role": role, "pid": None, "alive": alive, "agent": inv["hosts"][role]["agent"]})
+        seen = _guest_links(state_dir, role) if alive else {}
+        for ifname, i in inv["hosts"][role]["interfaces"].items():
             state, addrs = seen.get(ifname, ("?", [i["addr"]]))
-            st["links"].append({"namespace": f"vm:{prefix}-aqm", "ifname": ifname, "state": state, "addr": addrs})
-    healthy = (inv.get("kind") == "vm" and vm["alive"] and len(st["namespaces"]) == 2
-               and len(agents) == 3 and all(a["alive"] for a in agents))
+            st["links"].append({"namespace": f"vm:{prefix}-{role}", "ifname": ifname, "state": state, "addr": addrs})
+    ns_roles = [r for r in inv.get("hosts", {}) if r not in vm_roles]
+    healthy = (inv.get("kind") == "vm" and bool(vm_roles) and len(st["namespaces"]) == len(ns_roles)
+               and len(agents) == len(inv["hosts"]) and all(a["alive"] for a in agents))
     return {"healthy": healthy, "kind": "vm", "inventory": st["inventory"], "namespaces": st["namespaces"],
             "agents": [a for a in agents if a["alive"]], "links": st["links"], "vm": vm}

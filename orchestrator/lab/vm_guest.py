@@ -1,15 +1,17 @@
-"""Stage 2 of the VM lab's aqm guest: PID 1 inside the VM, run by the host's own interpreter over the
-read-only shared root (stage 1 is the initramfs /init in orchestrator.lab.vm_image).
+"""Stage 2 of a VM lab guest (the aqm, and the endpoints when they are guests too): PID 1 inside the
+VM, run by the host's own interpreter over the read-only shared root (stage 1 is the initramfs /init in
+orchestrator.lab.vm_image).
 
 It sets the clock from the host, names and addresses the interfaces by the MACs the host assigned
-(`to-client`, `to-server`, and the control interface), turns on forwarding, writes static neighbours,
-then starts the agent as its child, reaps every orphan (it is PID 1), and powers the VM off when the
-agent exits. The configuration is /run/tcplab-vm/guest.json, written by orchestrator.lab.vm.
+(`to-client`, `to-server` or `to-aqm`, and the control interface), writes static neighbours, turns on
+forwarding (aqm) or adds the routes through the aqm (endpoints), then starts the agent as its child,
+reaps every orphan (it is PID 1), and powers the VM off when the agent exits. The configuration is
+/run/tcplab-vm/guest.json, written by orchestrator.lab.vm.
 
 It also serves the exec port (virtio-serial `tcplab.exec`, a UNIX socket in the lab's state dir on the
 host, so root on the host only): one JSON line {id, argv, timeout} -- or {id, clock_step_ns}, with
 which `lab up` corrects the clock -- in, one JSON line {id, rc, stdout, stderr} out. It is the VM's
-`ip netns exec`: `tcplab lab exec aqm ...`, the fixture capture. Both ends of that protocol live here
+`ip netns exec`: `tcplab lab exec ROLE ...`, the fixture capture. Both ends of that protocol live here
 (the host end imports nothing else).
 """
 from __future__ import annotations
@@ -42,6 +44,7 @@ def setup_argv(cfg: dict, names_by_mac: dict[str, str]) -> list[list[str]]:
         cmds.append(["ip", "link", "set", "dev", ifc["ifname"], "up"])
         for addr, mac in ifc.get("neighbours", []):
             cmds.append(["ip", "neigh", "replace", addr, "lladdr", mac, "dev", ifc["ifname"], "nud", "permanent"])
+    cmds += [["ip", "route", "add", subnet, "via", via, "dev", dev] for subnet, via, dev in cfg.get("routes", [])]
     cmds += [["sysctl", "-qw", f"{key}={value}"] for key, value in cfg.get("sysctls", {}).items()]
     return cmds
 
@@ -165,7 +168,7 @@ def say(msg: str) -> None:
 
 def main(config_path: str) -> int:
     cfg = json.loads(Path(config_path).read_text())
-    Path("/proc/sys/kernel/hostname").write_text(cfg.get("hostname", "tcplab-aqm"))
+    Path("/proc/sys/kernel/hostname").write_text(cfg.get("hostname", "tcplab-guest"))
     for argv in setup_argv(cfg, _names_by_mac()):
         done = subprocess.run(argv, capture_output=True, text=True, check=False)
         if done.returncode != 0:

@@ -36,9 +36,10 @@ BUSYBOX = Path("/bin/busybox")  # from busybox-static: it must run with no libra
 # has 9p (QEMU exports the tree itself, read-only); the cloud flavour has only virtiofs (virtiofsd).
 BOOT_MODULES = ["virtio_pci", "virtio_net", "virtio_console"]  # NICs, and the exec port (virtio-serial)
 SHARE_MODULES = {"9p": ["9pnet_virtio", "9p"], "virtiofs": ["virtiofs"]}
-# loaded at boot: veth for the agent's capability probe, and every congestion control, because
+# loaded at boot: veth for the agent's capability probe; tcp_diag (inet_diag), without which `ss` reads
+# /proc/net/tcp and prints no TCP_INFO (cwnd, DCTCP alpha); every congestion control, because
 # tcp_available_congestion_control lists loaded ones only
-PRELOAD_MODULES = ["veth"]
+PRELOAD_MODULES = ["veth", "tcp_diag"]
 PRELOAD_GLOBS = ["kernel/net/ipv4/tcp_*.ko*"]
 NOT_CC = {"tcp_diag"}
 # copied but loaded on demand (the guest's kernel.modprobe points at a busybox modprobe over this tree)

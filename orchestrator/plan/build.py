@@ -118,7 +118,7 @@ def bottleneck_chain(t: RunTemplate) -> list[QdiscStage]:
         r = red_bytes(b.queue, refs)
         chain.append(Red(limit_bytes=r.limit_bytes, min_bytes=r.min_bytes, max_bytes=r.max_bytes,
                          avpkt_bytes=r.avpkt_bytes, burst_packets=r.burst_packets, probability=r.probability,
-                         bandwidth_bit=rate, ecn=b.queue.ecn, adaptive=b.queue.adaptive))
+                         bandwidth_bit=rate, ecn=b.queue.ecn, adaptive=b.queue.adaptive, nodrop=b.queue.nodrop))
     elif isinstance(b.queue, MarkQueue):
         chain.append(b.queue.state(mtu, refs.rtt_ns, refs.target_ns))
     elif isinstance(b.queue, BfifoQueue):

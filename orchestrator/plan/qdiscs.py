@@ -7,7 +7,7 @@ the bottleneck rate, so `build.bottleneck_chain` converts them (EXPERIMENTS.md Â
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
@@ -92,6 +92,8 @@ class NetemStage(Strict):
 class RedQueue(Strict):
     """RED with thresholds in time; expansion converts them to bytes at the bottleneck rate."""
 
+    HASH_SKIP_IF_DEFAULT: ClassVar[frozenset[str]] = frozenset({"nodrop"})
+
     kind: Literal["red"] = _f("red", "RED marking/dropping queue", "red")
     mode: Literal["ramp", "step", "inst"] = _f(
         "ramp", "`ramp`: probability rises from 0 at min to `probability` at max on the averaged queue "
@@ -106,6 +108,9 @@ class RedQueue(Strict):
                                       "required for inst)", "10%")
     ecn: bool = _f(True, "mark ECN-capable packets instead of dropping them", True)
     adaptive: bool = _f(False, "adaptive RED (tunes max_p)", True)
+    nodrop: bool = _f(False, "with ecn, queue packets that are not ECN-capable instead of dropping them "
+                      "(tc-red nodrop): SYNs and retransmissions, which a standing queue above K would "
+                      "otherwise drop (EXPERIMENTS.md G-ECN)", True)
     avpkt: PositiveSize | None = _f(None, "average packet size (default: 1000 B ramp, the MTU step/inst)", 1000)
     burst: int | None = _f(None, "burst allowance in packets (default: (2 min + max) / (3 avpkt) for a "
                            "ramp, the smallest tc accepts for step and inst)", 2, unit="packets", gt=0, le=10**6)

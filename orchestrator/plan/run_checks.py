@@ -102,6 +102,9 @@ def _red(q: RedQueue, refs: LinkRefs, out: list[Problem]) -> None:
     if q.mode == "inst" and q.probability is None:
         out.append(Problem(path, "state `probability` for an instantaneous ramp (the studies leave it "
                            "unstated, so the plan must choose)"))
+    if q.nodrop and not q.ecn:
+        out.append(Problem(path + ("nodrop",), "nodrop keeps non-ECT packets instead of dropping them when "
+                           "RED would mark: it needs `ecn: true`"))
     if q.mode != "ramp" and q.adaptive:
         out.append(Problem(path + ("adaptive",), f"adaptive RED tunes max_p of an averaged ramp; a {q.mode} "
                            "must not adapt"))

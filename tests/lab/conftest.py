@@ -43,3 +43,69 @@ def lab(tmp_path_factory) -> Iterator[tuple[Inventory, Path]]:
         yield load_inventory(netns.inventory_path(state_dir)), state_dir
     finally:
         netns.down(state_dir, TEST_PREFIX)
+
+
+def vm_unavailable() -> str | None:
+    """Why the VM lab cannot run here (None: it can). It installs nothing: `make vm-deps` does."""
+    from orchestrator.lab import vm
+
+    reason = lab_unavailable()
+    if reason:
+        return reason
+    if missing := vm.missing_tools():
+        return f"the VM lab needs {', '.join(missing)}: run `make vm-deps`"
+    if not os.path.exists("/dev/net/tun"):
+        return "the VM lab needs /dev/net/tun"
+    return None
+
+
+def vm_lab_up(tmp_path_factory, prefix: str, vm_roles: tuple[str, ...], timeout_s: float = 240) -> Iterator[
+        tuple[dict, Path]]:
+    """Body of a module-scoped VM-lab fixture: skips with the reason when the VM lab cannot run (or the
+    kernel image cannot be fetched), always takes the lab down."""
+    from orchestrator.lab import vm, vm_image
+
+    reason = vm_unavailable()
+    if reason:
+        pytest.skip(reason)
+    try:
+        vm_image.ensure_image(timeout_s=300)
+    except vm_image.ImageError as exc:
+        pytest.skip(f"no kernel image for the VM lab (apt download failed?): {exc}")
+    state_dir = tmp_path_factory.mktemp(prefix)
+    try:
+        inv = vm.up(state_dir, prefix, timeout_s=timeout_s, vm_roles=vm_roles)
+        print(f"\nvm lab ({', '.join(inv['vm']['roles'])} as guests): {inv['vm']['package']} {inv['vm']['accel']}, "
+              f"agents ready after {inv['vm']['boot_s']} s")
+        yield inv, state_dir
+    finally:
+        vm.down(state_dir, prefix)
+
+
+def run_plan_quietly(plan: Path, db_url: str, state_dir: Path, results: Path) -> tuple[int, str]:
+    """`tcplab run PLAN` against the lab in state_dir; (exit code, console text)."""
+    import asyncio
+    import io
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from orchestrator.engine.campaign import run_plan
+
+    out = io.StringIO()
+    rc = asyncio.run(run_plan(plan, db_url=db_url, inventory=netns.inventory_path(state_dir), results=results,
+                              force=False, console=Console(file=out, width=300, color_system=None),
+                              progress_factory=lambda: Progress(disable=True)))
+    return rc, out.getvalue()
+
+
+def run_lab_plan(plan: Path, state_dir: Path, tmp_path: Path):
+    """Run a plan that must succeed into a fresh SQLite DB under tmp_path; prints the run table and returns
+    the DB's engine."""
+    from orchestrator.storage.db import open_db
+
+    url = f"sqlite:///{tmp_path / 'lab.db'}"
+    rc, out = run_plan_quietly(plan, url, state_dir, tmp_path / "results")
+    print(out)
+    assert rc == 0, out
+    return open_db(url)

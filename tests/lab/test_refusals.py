@@ -2,21 +2,16 @@
 touched, and the message names the host, its kernel release and `netem`."""
 from __future__ import annotations
 
-import asyncio
-import io
 import json
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
-from rich.console import Console
-from rich.progress import Progress
 from sqlalchemy import inspect, text
 
-from orchestrator.engine.campaign import run_plan
-from orchestrator.lab import netns
 from orchestrator.storage.db import open_db
+from tests.lab.conftest import run_plan_quietly
 
 VM_PLAN = Path(__file__).resolve().parents[2] / "experiments" / "vm" / "red-ecn.yaml"
 
@@ -44,13 +39,8 @@ def test_netem_plan_is_refused_naming_host_kernel_and_netem(lab, tmp_path):
     aqm_ns = inv.hosts["aqm"].namespace
     dev = inv.hosts["aqm"].iface_toward("client")
     before = _host_view(aqm_ns, dev)
-    out = io.StringIO()
     url = f"sqlite:///{tmp_path / 'refused.db'}"
-    rc = asyncio.run(run_plan(VM_PLAN, db_url=url, inventory=netns.inventory_path(state_dir),
-                              results=tmp_path / "results", force=False,
-                              console=Console(file=out, width=300, color_system=None),
-                              progress_factory=lambda: Progress(disable=True)))
-    message = out.getvalue()
+    rc, message = run_plan_quietly(VM_PLAN, url, state_dir, tmp_path / "results")
     print(message)
     assert rc == 3
     assert "refused before touching any host" in message
@@ -63,3 +53,18 @@ def test_netem_plan_is_refused_naming_host_kernel_and_netem(lab, tmp_path):
             assert conn.execute(text("SELECT count(*) FROM run")).scalar_one() == 0
     assert not any((tmp_path / "results").glob("*/runspec.json"))
     assert json.loads(before[0])                          # the view compared above was real tc output
+
+
+DCTCP_PLAN = VM_PLAN.parent / "dctcp.yaml"
+
+
+def test_dctcp_plan_is_refused_on_a_kernel_without_dctcp(lab, tmp_path):
+    """The VM lab's DCTCP plan needs the sender guest's kernel: here the server is a namespace."""
+    inv, state_dir = lab
+    with open("/proc/sys/net/ipv4/tcp_available_congestion_control") as f:
+        if "dctcp" in f.read().split():
+            pytest.skip(f"kernel {os.uname().release} has dctcp loaded: nothing to refuse here")
+    rc, message = run_plan_quietly(DCTCP_PLAN, f"sqlite:///{tmp_path / 'refused.db'}", state_dir,
+                                   tmp_path / "results")
+    assert rc == 3, message
+    assert f"host server (kernel {os.uname().release}) lacks congestion control dctcp" in message

@@ -7,6 +7,7 @@ experiments/quickstart.yaml.
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from rich.progress import Progress
 from sqlalchemy import text
 
 from orchestrator.engine.campaign import run_plan
-from orchestrator.ingest.assemble import reassemble
+from orchestrator.ingest.assemble import ArtifactError, reassemble
 from orchestrator.lab import netns
 from orchestrator.storage.db import open_db
 from orchestrator.storage.ingest import write_run
@@ -91,3 +92,21 @@ def test_reingest_into_postgres_gives_the_same_ss_rows(ss_db, pg_url):
         write_run(pg, reassemble(run_dir))          # re-ingest replaces, never duplicates
         with sqlite.connect() as a, pg.connect() as b:
             assert a.execute(text(sql), {"r": run_dir.name}).all() == b.execute(text(sql), {"r": run_dir.name}).all()
+
+
+def test_an_artifact_the_parser_refuses_is_named_with_host_file_and_line(ss_db, tmp_path):
+    """A run whose ss artifact is damaged (here: the /proc/net/tcp fallback ss prints without tcp_diag,
+    literal from a Debian guest) is refused by file and line; the run's files stay re-ingestable."""
+    _, results = ss_db
+    run_dir = tmp_path / "run"
+    shutil.copytree(next(p for p in sorted(results.iterdir()) if (p / "ingest.json").exists()), run_dir)
+    (art,) = run_dir.glob("*/ss.txt")
+    lines = art.read_text().splitlines()
+    bad = next(i for i, line in enumerate(lines) if line.startswith("ESTAB"))
+    lines[bad] = ("ESTAB 0      0      10.199.2.1:33866 10.199.1.1:5201 rto:0.36 ato:0.04 qack:15 bidir cwnd:10 "
+                  "reordering:0")
+    art.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ArtifactError) as info:
+        reassemble(run_dir)
+    assert str(info.value).startswith(f"{art.parent.name}/{art.name}: ss sample line {bad + 1}: ")
+    assert "no tcp_diag" in str(info.value)

@@ -6,6 +6,7 @@ iperf3_client_refused.json: a client pointed at a port with no listener.
 """
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -93,3 +94,36 @@ def test_stream_ports_match_the_packet_capture():
 def test_not_iperf3_json(text):
     with pytest.raises(Iperf3FormatError):
         parse_iperf3(text)
+
+
+def test_the_agent_sees_a_refused_connection_that_iperf3_exits_0_for():
+    from agents.tasks import iperf3_json_error
+    assert iperf3_json_error((FIX / "iperf3_client_refused.json").read_bytes()) == (
+        "unable to connect to server: Connection refused", False)
+    assert iperf3_json_error((FIX / "iperf3_client.json").read_bytes()) == (None, True)
+    assert iperf3_json_error(b"iperf3: error - not json") == (None, False)
+    # `iperf3 -s -1 -p P` killed 1.2 s into `iperf3 -c 127.0.0.1 -p P -t 3 -i 0.5 -J -b 10M` (exit code 0)
+    assert iperf3_json_error((FIX / "iperf3_client_server_killed.json").read_bytes()) == (
+        "the server has terminated", True)
+
+
+@pytest.mark.skipif(shutil.which("iperf3") is None, reason="needs iperf3")
+def test_a_client_that_never_connected_fails_its_task(tmp_path):
+    """A real iperf3 client toward a loopback port with no listener: exit code 0, but the task fails."""
+    import asyncio
+    import socket
+    import time
+
+    from agents.tasks import make_runner
+    from schemas import protocol
+
+    with socket.socket() as s:              # a port that was free a moment ago, with nothing listening
+        s.bind(("127.0.0.1", 0))
+        port = max(1024, s.getsockname()[1])
+    now = time.time_ns()
+    runner = make_runner(protocol.Iperf3ClientTask(task_id="c", start_ns=now,
+                                                   port=port, dst_addr="127.0.0.1", cc="reno", duration_s=1),
+                         tmp_path)
+    asyncio.run(runner.run())
+    assert runner.state == "failed"
+    assert runner.detail.endswith(f"iperf3 -c 127.0.0.1 -p {port}: unable to connect to server: Connection refused")

@@ -181,3 +181,14 @@ run:
     assert none.captures == []
     (own,) = expand(load_plan_text(text + "  captures: [{host: client, toward: aqm}]\n", "caps.yaml"))
     assert [(c.link.host, c.link.toward) for c in own.captures] == [("client", "aqm")]
+
+
+def test_ss_sampling_needs_tcp_diag_on_the_senders() -> None:
+    plan = BASE.replace("QUEUE", "{kind: pfifo, limit: 100}") + "  ss: {interval: 100ms}\n"
+    (run,) = expand(load_plan_text(plan, "feat.yaml"))
+    hosts = {r: caps() for r in ("sender", "aqm", "receiver")}
+    assert not capability_problems(run, hosts)
+    hosts["sender"] = caps().model_copy(update={"socket_diag": False})
+    assert capability_problems(run, hosts) == [
+        "host sender (kernel 6.18.1) lacks tcp_diag: `ss -ti` would print no TCP_INFO for the ss sampler "
+        "(load the tcp_diag module)"]

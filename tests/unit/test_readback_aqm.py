@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.engine.verify import aqm_option_differences
-from schemas.hoststate import Codel, Fq, FqCodel, FqPie, Netem, Pie, Red
+from schemas.hoststate import Cake, Codel, Fq, FqCodel, FqPie, Netem, Pie, Red
 
 TC = Path(__file__).resolve().parents[1] / "fixtures" / "tc"
 
@@ -31,6 +31,9 @@ RAMP = Red(limit_bytes=500_000, min_bytes=25_000, max_bytes=75_000, avpkt_bytes=
     ("htb_pie_ecn", "pie", Pie(limit_packets=1000, target_ns=15_000_000, ecn=True)),
     ("htb_fq_pie", "fq_pie", FqPie(limit_packets=10240)),
     ("fq_maxrate", "fq", Fq(maxrate_bit=50_000_000)),
+    ("htb_cake", "cake", Cake(bandwidth_bit=20_000_000)),
+    ("htb_cake", "cake", Cake(bandwidth_bit=20_000_000, rtt_ns=100_000_000, flow_mode="triple-isolate",
+                              diffserv="diffserv3", overhead_bytes=0)),
 ])
 def test_what_was_applied_reads_back_equal(name: str, kind: str, stage: object) -> None:
     assert aqm_option_differences(stage, options(name, kind)) == []
@@ -42,6 +45,11 @@ def test_mismatches_are_named() -> None:
         "max 75000 != 80000", "adaptive True != False"]
     assert aqm_option_differences(Netem(delay_ns=20_000_000, limit_packets=1000),
                                   options("netem_htb_red_ecn", "netem")) == ["delay 0.01 != 0.02"]
+    cake = Cake(bandwidth_bit=10_000_000, rtt_ns=20_000_000, flow_mode="flows", diffserv="besteffort",
+                ack_filter=True)
+    assert aqm_option_differences(cake, options("htb_cake", "cake")) == [
+        "bandwidth 2500000 != 1250000", "rtt 100000 != 20000", "flowmode triple-isolate != flows",
+        "diffserv diffserv3 != besteffort", "ack-filter disabled != enabled"]
 
 
 def test_red_probability_one_does_not_survive_tc() -> None:

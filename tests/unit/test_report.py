@@ -296,3 +296,15 @@ def test_empty_report_still_writes_files(tmp_path):
     path = write_report(eng, tmp_path)
     assert "<tbody>\n\n</tbody>" in path.read_text()
     assert (tmp_path / "runs.csv").read_text().startswith("run_id,")
+
+
+def test_the_bottleneck_rate_comes_from_the_derived_values_when_the_plan_does_not_vary_it():
+    from analysis.load import RunMeta
+    one_cell = RunMeta(run_id="r", status="complete", params={"cc": "reno"}, t0_ns=T0, duration_s=1.0,
+                       capture_point=None, bottleneck=None, spec={"derived": {"bottleneck_rate_bit": 10_000_000}})
+    assert one_cell.rate_bit == 10_000_000
+    varied = RunMeta(run_id="r", status="complete", params={"rate_bit": 20_000_000}, t0_ns=T0, duration_s=1.0,
+                     capture_point=None, bottleneck=None, spec={"derived": {"bottleneck_rate_bit": 10_000_000}})
+    assert varied.rate_bit == 20_000_000
+    assert RunMeta(run_id="r", status="complete", params={}, t0_ns=T0, duration_s=1.0, capture_point=None,
+                   bottleneck=None).rate_bit is None

@@ -113,6 +113,9 @@ def test_empty_artifact_and_comment_only() -> None:
     ("@ 1 2\nESTAB 0 0 1.2.3.4:1 5.6.7.8:2\n\t cubic cwnd:10 pacing_rate 53.0Mbps\n", "not in bit/s"),
     ("@ 1 x\n", "bad poll line"),
     ("@ 1 2\nESTAB 0 0 1.2.3.4 5.6.7.8:2\n\t cubic\n", "bad endpoint"),
+    # literal, from a Debian 6.1 guest before tcp_diag was loaded there: ss fell back to /proc/net/tcp
+    ("@ 1 2\nESTAB 0      0      10.199.2.1:33866 10.199.1.1:5201 rto:0.36 ato:0.04 qack:15 bidir cwnd:10 "
+     "reordering:0\n", "no tcp_diag"),
 ])
 def test_refuses_what_it_does_not_understand(text: str, why: str) -> None:
     with pytest.raises(SsFormatError, match=why):

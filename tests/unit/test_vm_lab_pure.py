@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.lab import vm, vm_guest, vm_image
+from orchestrator.lab import vm_config, vm_guest, vm_image
 from orchestrator.lab.netns import LabError
 from orchestrator.lab.topology import netns_topology
 
@@ -70,14 +70,17 @@ def test_initramfs_holds_init_busybox_devices_and_the_load_order():
 
 def test_guest_config_names_interfaces_by_mac_with_static_neighbours():
     topo = netns_topology("t")
-    cfg = vm.guest_config(topo, 4242, {"client": "aa:00:00:00:00:01", "server": "aa:00:00:00:00:02"})
+    macs = vm_config.lab_macs(topo, ("aqm",), {("client", "to-aqm"): "aa:00:00:00:00:01",
+                                               ("server", "to-aqm"): "aa:00:00:00:00:02"})
+    cfg = vm_config.guest_config(topo, "aqm", 4242, macs)
     by_name = {i["ifname"]: i for i in cfg["interfaces"]}
-    assert by_name["to-client"]["addr"] == "10.199.1.254"
+    assert by_name["to-client"]["addr"] == "10.199.1.254" and by_name["to-client"]["mac"] == "52:54:00:7c:01:fe"
     assert by_name["to-client"]["neighbours"] == [["10.199.1.1", "aa:00:00:00:00:01"]]
     assert by_name["to-server"]["neighbours"] == [["10.199.2.1", "aa:00:00:00:00:02"]]
-    assert cfg["sysctls"] == {"net.ipv4.ip_forward": "1"}
+    assert cfg["sysctls"] == {"net.ipv4.ip_forward": "1"} and cfg["routes"] == []
     agent = cfg["agent"]
     assert agent[agent.index("--listen") + 1] == "tcp://10.0.2.15:4242"
+    assert agent[agent.index("--name") + 1] == "aqm"
     assert [agent[i + 1] for i, a in enumerate(agent) if a == "--interface"] == ["to-client", "to-server"]
     cmds = vm_guest.setup_argv(cfg, {by_name["to-client"]["mac"]: "eth0", by_name["to-server"]["mac"]: "eth1",
                                      by_name["ctl"]["mac"]: "eth2"})
@@ -88,6 +91,52 @@ def test_guest_config_names_interfaces_by_mac_with_static_neighbours():
         vm_guest.setup_argv(cfg, {})
 
 
+def test_an_endpoint_guest_routes_through_the_aqm_and_does_not_forward():
+    topo = netns_topology("t")
+    macs = vm_config.lab_macs(topo, topo.roles, {})
+    cfg = vm_config.guest_config(topo, "server", 4243, macs)
+    (ifc,) = [i for i in cfg["interfaces"] if i["ifname"] != "ctl"]
+    assert ifc == {"ifname": "to-aqm", "mac": "52:54:00:7c:02:01", "addr": "10.199.2.1", "plen": 24,
+                   "neighbours": [["10.199.2.254", "52:54:00:7c:02:fe"]]}
+    assert cfg["routes"] == [["10.199.1.0/24", "10.199.2.254", "to-aqm"]] and cfg["sysctls"] == {}
+    cmds = vm_guest.setup_argv(cfg, {"52:54:00:7c:02:01": "eth0", vm_config.CONTROL_MAC: "eth1"})
+    assert cmds[-1] == ["ip", "route", "add", "10.199.1.0/24", "via", "10.199.2.254", "dev", "to-aqm"]
+    assert not any(c[0] == "sysctl" for c in cmds)
+
+
+def test_guest_links_are_taps_toward_namespaces_and_socket_pairs_between_guests(tmp_path):
+    topo = netns_topology("t")
+    hybrid = vm_config.guest_nics(topo, "aqm", ("aqm",), tmp_path)
+    assert [(n.ifname, n.backend, n.namespace, n.tap_ifname) for n in hybrid] == [
+        ("to-client", "tap", "t-client", "to-aqm"), ("to-server", "tap", "t-server", "to-aqm")]
+    assert hybrid[0].netdev(0, fd=7) == "tap,id=data0,fd=7"
+    with pytest.raises(ValueError):
+        hybrid[0].netdev(0)
+    roles = vm_config.check_vm_roles(topo, ("server", "aqm", "client"))
+    assert roles == ("client", "aqm", "server")
+    aqm = {n.ifname: n for n in vm_config.guest_nics(topo, "aqm", roles, tmp_path)}
+    (client,) = vm_config.guest_nics(topo, "client", roles, tmp_path)
+    assert client.backend == aqm["to-client"].backend == "dgram"
+    assert (client.local, client.remote) == (aqm["to-client"].remote, aqm["to-client"].local)
+    assert client.local.parent == vm_config.vm_dir(tmp_path, "client")
+    assert aqm["to-client"].netdev(0) == (f"dgram,id=data0,local.type=unix,local.path={aqm['to-client'].local},"
+                                          f"remote.type=unix,remote.path={client.local}")
+    mixed = {n.ifname: n.backend for n in vm_config.guest_nics(topo, "aqm", ("aqm", "server"), tmp_path)}
+    assert mixed == {"to-client": "tap", "to-server": "dgram"}
+
+
+@pytest.mark.parametrize("text,expected", [("aqm", ("aqm",)), ("all", ("client", "aqm", "server")),
+                                           ("server, aqm", ("aqm", "server"))])
+def test_vm_roles_parse_in_topology_order(text, expected):
+    assert vm_config.parse_vm_roles(text, netns_topology("t")) == expected
+
+
+@pytest.mark.parametrize("text,message", [("client,server", "must include aqm"), ("aqm,router", "no role router")])
+def test_vm_roles_refuse_what_the_lab_cannot_build(text, message):
+    with pytest.raises(LabError, match=message):
+        vm_config.parse_vm_roles(text, netns_topology("t"))
+
+
 def test_clock_estimate_takes_the_shortest_round_trip():
     # (guest mono at send, host realtime, guest mono at receive)
     assert vm_guest.clock_estimate([(0, 1_000_500, 1_000), (5_000, 1_000_000, 100_000)]) == 1_000_000
@@ -95,7 +144,8 @@ def test_clock_estimate_takes_the_shortest_round_trip():
 
 def test_qemu_argv_keeps_the_control_channel_on_loopback_and_the_share_read_only(tmp_path):
     image = vm_image.KernelImage("linux-image-6.1.0-1-amd64", "1", "6.1.0-1-amd64", "9p", Path("/k"), Path("/i"))
-    argv = vm.qemu_argv(image, "tcg", "console=ttyS0", tmp_path, "t-aqm", [(5, "52:54:00:00:00:01")], 4242)
+    argv = vm_config.qemu_argv(image, "tcg", "console=ttyS0", tmp_path, "t-aqm",
+                               [("tap,id=data0,fd=5", "52:54:00:00:00:01")], 4242)
     joined = " ".join(argv)
     assert "-nodefaults" in argv and "-no-reboot" in argv and argv[argv.index("-accel") + 1] == "tcg"
     assert "readonly=on" in joined and "path=/," in joined
@@ -106,10 +156,10 @@ def test_qemu_argv_keeps_the_control_channel_on_loopback_and_the_share_read_only
 
 def test_kernel_cmdline_refuses_paths_it_cannot_carry():
     with pytest.raises(LabError):
-        vm.kernel_cmdline("9p", Path("/tmp/with space"), "/usr/bin/python3", Path("/repo"))
+        vm_config.kernel_cmdline("9p", Path("/tmp/with space"), "/usr/bin/python3", Path("/repo"))
     with pytest.raises(LabError, match="tmpfs"):
-        vm.kernel_cmdline("9p", Path("/run/x/guest"), "/usr/bin/python3", Path("/tmp/checkout"))
-    line = vm.kernel_cmdline("9p", Path("/run/x/guest"), "/v/bin/python", Path("/repo"))
+        vm_config.kernel_cmdline("9p", Path("/run/x/guest"), "/usr/bin/python3", Path("/tmp/checkout"))
+    line = vm_config.kernel_cmdline("9p", Path("/run/x/guest"), "/v/bin/python", Path("/repo"))
     assert "tcplab.guest=/run/x/guest tcplab.python=/v/bin/python tcplab.repo=/repo" in line
 
 
@@ -117,3 +167,40 @@ def test_exec_requests_are_checked():
     assert vm_guest.run_request({"argv": "ls"})["rc"] == 2
     assert vm_guest.run_request({"argv": ["/nonexistent/tool"]})["rc"] == 127
     assert vm_guest.run_request({"argv": ["true"]}) == {"rc": 0, "stdout": "", "stderr": ""}
+
+
+KERNEL_PLAN = """version: 1
+name: k
+roles: [client, aqm, server]
+kernels:
+  deb61: {vanilla: true, package: linux-image-6.1.0-56-amd64}
+  deb612: {vanilla: true, package: linux-image-6.12.117+deb12-amd64}
+  built: {vanilla: false, source: {git: x, ref: v6.1}}
+run:
+  duration: 5s
+  bottleneck: {at: {host: aqm, toward: client}, rate: 10mbit, queue: {kind: pfifo, limit: 100}}
+  traffic: {src: server, dst: client, cc: reno, flows: 1}
+  hosts:
+    server: {kernel: SERVER}
+    aqm: {kernel: deb61}
+"""
+
+
+def _kernel_plan(server: str):
+    from orchestrator.plan.expand import expand
+    from orchestrator.plan.loader import load_plan_text
+    plan = load_plan_text(KERNEL_PLAN.replace("SERVER", server), "k.yaml")
+    return plan.kernels, expand(plan)
+
+
+def test_the_plan_names_the_kernel_package_the_guests_boot():
+    kernels, runs = _kernel_plan("deb61")
+    assert vm_config.plan_kernel_package(kernels, runs, ("aqm",)) == "linux-image-6.1.0-56-amd64"
+    assert vm_config.plan_kernel_package(kernels, runs, ("aqm", "server")) == "linux-image-6.1.0-56-amd64"
+    assert vm_config.plan_kernel_package(kernels, runs, ("client",)) is None
+    kernels, runs = _kernel_plan("deb612")
+    with pytest.raises(LabError, match="one VM lab boots one kernel"):
+        vm_config.plan_kernel_package(kernels, runs, ("aqm", "server"))
+    kernels, runs = _kernel_plan("built")
+    with pytest.raises(LabError, match="kernel variant built is a source build"):
+        vm_config.plan_kernel_package(kernels, runs, ("aqm", "server"))

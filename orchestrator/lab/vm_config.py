@@ -1,0 +1,187 @@
+"""The VM lab's layout as data (pure): which roles are guests, how their data NICs reach their peers, what
+each guest configures at boot, and the QEMU/virtiofsd argv that starts it.
+
+The aqm host is always a guest; the client and server are guests by choice (`--vm-roles`), so their
+kernel -- dctcp, a patched congestion control -- is the guest's, not this machine's. Every data link is
+point to point, and never touches the root namespace:
+- guest <-> namespace: a tap born inside the namespace, named as the namespace's interface (`to-aqm`);
+  its fd goes to that guest's QEMU;
+- guest <-> guest: a pair of QEMU `dgram` netdevs on UNIX datagram sockets in the guests' state dirs
+  (each binds its own path and sends to its peer's: no start order, no bridge).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.lab.netns import AGENT_ARTIFACTS, LabError
+from orchestrator.lab.topology import Endpoint, Topology, routes
+from orchestrator.lab.vm_guest import EXEC_PORT
+from orchestrator.lab.vm_image import KernelImage
+
+QEMU = "qemu-system-x86_64"
+VIRTIOFSD = "/usr/lib/qemu/virtiofsd"  # QEMU 7.2's C daemon (package qemu-system-common)
+CONTROL_MAC, CONTROL_ADDR = "52:54:00:7c:00:fe", "10.0.2.15"  # QEMU user-mode network defaults (per guest)
+CLOCK_ADDR, CLOCK_PORT = "10.0.2.100", 37  # guestfwd: each connection runs `date` on the host
+GUEST_TMPFS = ("/tmp", "/var/tmp", "/run", "/dev/shm")  # vm_image.INIT_SCRIPT mounts these
+SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/+-]*$")  # goes onto the kernel command line and into -serial file:
+EXEC_SOCKET = "exec.sock"
+
+
+def vm_dir(state_dir: Path, role: str) -> Path:
+    """Everything of one guest: console.log, qemu.pid, exec.sock, guest/ (token, guest.json), sockets."""
+    return state_dir / f"vm-{role}"
+
+
+def check_vm_roles(topo: Topology, vm_roles: tuple[str, ...]) -> tuple[str, ...]:
+    """The guests in topology order; the aqm must be one (the namespaces cannot forward for a guest)."""
+    unknown = [r for r in vm_roles if r not in topo.roles]
+    if unknown:
+        raise LabError(f"--vm-roles: no role {', '.join(unknown)} in the lab (roles: {', '.join(topo.roles)})")
+    if "aqm" not in vm_roles:
+        raise LabError("--vm-roles must include aqm: the VM lab's bottleneck host is always a guest")
+    return tuple(r for r in topo.roles if r in vm_roles)
+
+
+def parse_vm_roles(text: str, topo: Topology) -> tuple[str, ...]:
+    """`aqm`, `client,aqm,server` or `all` (command line)."""
+    roles = topo.roles if text.strip() == "all" else tuple(r.strip() for r in text.split(",") if r.strip())
+    return check_vm_roles(topo, roles)
+
+
+def guest_mac(topo: Topology, ep: Endpoint) -> str:
+    """Locally administered and fixed per (link, side): the aqm side ends in fe, the endpoint side in 01."""
+    link = next(i for i, lk in enumerate(topo.links, 1) if ep in (lk.a, lk.b))
+    return f"52:54:00:7c:{link:02x}:{'fe' if ep.role == 'aqm' else '01'}"
+
+
+@dataclass(frozen=True)
+class Nic:
+    """One data NIC of a guest: `tap` (fd of a tap in `namespace` named `tap_ifname`) or `dgram`."""
+    ifname: str
+    mac: str
+    backend: str
+    namespace: str | None = None
+    tap_ifname: str | None = None
+    local: Path | None = None
+    remote: Path | None = None
+
+    def netdev(self, index: int, fd: int | None = None) -> str:
+        if self.backend == "tap":
+            if fd is None:
+                raise ValueError(f"{self.ifname}: a tap NIC needs its fd")
+            return f"tap,id=data{index},fd={fd}"
+        return (f"dgram,id=data{index},local.type=unix,local.path={self.local},"
+                f"remote.type=unix,remote.path={self.remote}")
+
+
+def guest_nics(topo: Topology, role: str, vm_roles: tuple[str, ...], state_dir: Path) -> list[Nic]:
+    nics = []
+    for ep in topo.endpoints(role):
+        peer = topo.peer(ep)
+        if peer.role in vm_roles:
+            nics.append(Nic(ep.ifname, guest_mac(topo, ep), "dgram",
+                            local=vm_dir(state_dir, role) / f"{ep.ifname}.sock",
+                            remote=vm_dir(state_dir, peer.role) / f"{peer.ifname}.sock"))
+        else:
+            nics.append(Nic(ep.ifname, guest_mac(topo, ep), "tap", namespace=topo.namespace(peer.role),
+                            tap_ifname=peer.ifname))
+    return nics
+
+
+def lab_macs(topo: Topology, vm_roles: tuple[str, ...], namespace_macs: dict[tuple[str, str], str]
+             ) -> dict[tuple[str, str], str]:
+    """(role, ifname) -> MAC for every data interface: guests' are fixed, namespaces' read from the taps."""
+    macs = dict(namespace_macs)
+    for role in vm_roles:
+        macs.update({(role, ep.ifname): guest_mac(topo, ep) for ep in topo.endpoints(role)})
+    return macs
+
+
+def guest_config(topo: Topology, role: str, port: int, macs: dict[tuple[str, str], str]) -> dict:
+    """<vm dir>/guest/guest.json for orchestrator.lab.vm_guest: interfaces by MAC, static neighbours,
+    routes through the aqm (endpoints) or forwarding (aqm), the clock source and the agent's argv."""
+    interfaces = [{"ifname": ep.ifname, "mac": macs[(role, ep.ifname)], "addr": ep.addr, "plen": ep.plen,
+                   "neighbours": [[topo.peer(ep).addr, macs[(topo.peer(ep).role, topo.peer(ep).ifname)]]]}
+                  for ep in topo.endpoints(role)]
+    interfaces.append({"ifname": "ctl", "mac": CONTROL_MAC, "addr": CONTROL_ADDR, "plen": 24, "neighbours": []})
+    agent = ["--name", role, "--listen", f"tcp://{CONTROL_ADDR}:{port}", "--token-file", "/run/tcplab-vm/token",
+             "--artifacts", str(AGENT_ARTIFACTS / topo.prefix / role)]
+    for ep in topo.endpoints(role):
+        agent += ["--interface", ep.ifname]
+    return {"hostname": topo.namespace(role), "interfaces": interfaces,
+            "routes": [[subnet, via, dev] for r, subnet, via, dev in routes(topo) if r == role],
+            "sysctls": {"net.ipv4.ip_forward": "1"} if role == "aqm" else {},
+            "clock": [CLOCK_ADDR, CLOCK_PORT], "agent": agent}
+
+
+def kernel_cmdline(share: str, guest_dir: Path, python: str, repo: Path) -> str:
+    for path in (str(guest_dir), python, str(repo)):
+        if not SAFE_PATH.match(path):
+            raise LabError(f"{path!r}: the VM lab needs paths without spaces, commas or shell characters")
+    for path in (python, str(Path(python).resolve()), str(repo)):
+        if any(path == d or path.startswith(f"{d}/") for d in GUEST_TMPFS):
+            raise LabError(f"{path}: the guests mount tmpfs over {', '.join(GUEST_TMPFS)} and could not run it; "
+                           "use an interpreter and repository outside them")
+    # clocksource=hpet: QEMU's HPET runs on the host's clock; the guest's own TSC calibration under TCG is
+    # ~10 ppm off (0.7 ms/min of drift), HPET reads cost no measurable throughput
+    return (f"console=ttyS0 panic=-1 quiet mitigations=off clocksource=hpet tcplab.share={share} "
+            f"tcplab.guest={guest_dir} tcplab.python={python} tcplab.repo={repo}")
+
+
+def qemu_argv(image: KernelImage, accel: str, cmdline: str, guest_state: Path, name: str,
+              netdevs: list[tuple[str, str]], port: int, share_socket: Path | None = None,
+              memory_mb: int = 1024, cpus: int = 1, cpu: str | None = None) -> list[str]:
+    """One guest. netdevs: (-netdev value with id=dataN, guest MAC) in order; the control NIC is QEMU's
+    user-mode network, restricted (the guest reaches nothing) with one host-loopback forward to the agent."""
+    argv = [QEMU, "-name", f"{name},process={name}", "-nodefaults", "-no-user-config", "-display", "none",
+            "-no-reboot", "-accel", accel, "-cpu", cpu or ("qemu64" if accel == "tcg" else "host"),
+            "-m", str(memory_mb), "-smp", str(cpus), "-kernel", str(image.vmlinuz), "-initrd", str(image.initramfs),
+            "-append", cmdline, "-serial", f"file:{guest_state / 'console.log'}",
+            "-pidfile", str(guest_state / "qemu.pid")]
+    if image.share == "9p":
+        argv += ["-virtfs", "local,path=/,mount_tag=hostroot,readonly=on,security_model=none,multidevs=remap"]
+    else:
+        argv += ["-chardev", f"socket,id=vfs,path={share_socket}",
+                 "-device", "vhost-user-fs-pci,chardev=vfs,tag=hostroot",
+                 "-object", f"memory-backend-memfd,id=mem,size={memory_mb}M,share=on", "-numa", "node,memdev=mem"]
+    argv += ["-device", "virtio-serial-pci,id=vser",
+             "-chardev", f"socket,id=exec,path={guest_state / EXEC_SOCKET},server=on,wait=off",
+             "-device", f"virtserialport,bus=vser.0,chardev=exec,name={EXEC_PORT}"]
+    for i, (netdev, mac) in enumerate(netdevs):
+        argv += ["-netdev", netdev, "-device", f"virtio-net-pci,netdev=data{i},mac={mac},romfile="]
+    ctl = (f"user,id=ctl,restrict=on,ipv6=off,hostfwd=tcp:127.0.0.1:{port}-{CONTROL_ADDR}:{port},"
+           f"guestfwd=tcp:{CLOCK_ADDR}:{CLOCK_PORT}-cmd:date +%s%N")
+    return argv + ["-netdev", ctl, "-device", f"virtio-net-pci,netdev=ctl,mac={CONTROL_MAC},romfile="]
+
+
+def virtiofsd_argv(view: Path, socket_path: Path) -> list[str]:
+    """virtiofsd (QEMU 7.2's C daemon has no read-only mode) serving a read-only bind of the host's `/`
+    made in a private mount namespace: the guest cannot write the host through it."""
+    script = ('set -e; mount --rbind / "$1"; mount --make-rslave "$1"; '
+              'for m in $(findmnt -Rrno TARGET "$1"); do mount -o remount,bind,ro "$m" || true; done; '
+              'exec "$2" --socket-path="$3" -o source="$1" -o cache=auto -o sandbox=namespace')
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "virtiofsd", str(view),
+            VIRTIOFSD, str(socket_path)]
+
+
+def plan_kernel_package(kernels: dict, runs: list, vm_roles: tuple[str, ...]) -> str | None:
+    """The Debian kernel package a plan asks its guests to run (`lab up --kind vm --plan FILE`): the
+    variants (plan `kernels:`) of every guest role over every run must be one package, since one VM lab
+    boots one kernel; None when the plan names no kernel for them. kernels: name -> KernelVariant;
+    runs: the plan's RunSpecs."""
+    wanted = {run.hosts[r].kernel.name for run in runs for r in vm_roles
+              if r in run.hosts and run.hosts[r].kernel is not None}
+    packages: dict[str, list[str]] = {}
+    for name in sorted(wanted):
+        variant = kernels[name]
+        if variant.package is None:
+            raise LabError(f"kernel variant {name} is a source build: the VM lab boots Debian packages "
+                           "(install builds on real hosts with playbooks/kernel.yml)")
+        packages.setdefault(variant.package, []).append(name)
+    if len(packages) > 1:
+        raise LabError("the plan's guests need different kernels (" + "; ".join(
+            f"{p}: {', '.join(n)}" for p, n in packages.items()) + "): one VM lab boots one kernel, so run "
+            "the plan's parts on separate labs")
+    return next(iter(packages), None)
