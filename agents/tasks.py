@@ -322,9 +322,39 @@ class SsSample(TaskRunner):
                           "interval_ms": self.spec.interval_ms})
 
 
+class CpuLoad(TaskRunner):
+    """Samples the per-CPU lines of /proc/stat every interval_ms until stop_ns (a thread keeps the beat; a
+    read costs tens of µs, no process is spawned). The artifact is literal: a header with the clock tick
+    (USER_HZ), then per sample `@ <CLOCK_REALTIME ns>` and the `cpuN` lines as the kernel printed them.
+    Parsed by orchestrator/ingest/cpu.py for M-CPU and the G-CPULOAD guard."""
+
+    kind = "cpu_load"
+    artifact_kind = "cpu"
+    out_name = "cpu.txt"
+
+    def _poll(self) -> None:
+        interval = self.spec.interval_ms * 1_000_000
+        samples = 0
+        with open(self.run_dir / self.out_name, "w") as out, open("/proc/stat") as stat:
+            out.write(f"# /proc/stat per-CPU lines, USER_HZ={os.sysconf('SC_CLK_TCK')}\n")
+            nxt = time.time_ns()
+            while nxt <= self.spec.stop_ns + interval and not self.stop_event.is_set():
+                ts = time.time_ns()
+                stat.seek(0)
+                lines = [ln for ln in stat.read().splitlines() if ln.startswith("cpu") and ln[3:4].isdigit()]
+                out.write(f"@ {ts}\n" + "\n".join(lines) + "\n")
+                samples += 1
+                nxt += interval
+                time.sleep(max(0.0, (nxt - time.time_ns()) / 1e9))
+        self.meta.update({"samples": samples, "interval_ms": self.spec.interval_ms})
+
+    async def execute(self) -> None:
+        await asyncio.to_thread(self._poll)
+
+
 RUNNERS: dict[str, type[TaskRunner]] = {
     "iperf3_server": Iperf3Server, "iperf3_client": Iperf3Client, "capture": Capture,
-    "tcp_probe": TcpProbe, "qdisc_stats": QdiscStats, "ss_sample": SsSample,
+    "tcp_probe": TcpProbe, "qdisc_stats": QdiscStats, "ss_sample": SsSample, "cpu_load": CpuLoad,
 }
 
 

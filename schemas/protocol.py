@@ -94,8 +94,18 @@ class SsSampleTask(_TaskBase):
         default_factory=list, max_length=16, description="... and whose remote address is one of these (any if empty)")
 
 
+class CpuLoadTask(_TaskBase):
+    """Sample the per-CPU lines of /proc/stat until stop_ns (M-CPU, G-CPULOAD). One per kernel instance:
+    hosts that share a kernel (netns lab) share its CPUs, so one sampler covers them all."""
+
+    kind: Literal["cpu_load"] = "cpu_load"
+    stop_ns: int
+    interval_ms: int = Field(default=100, ge=10, le=10000, description="sampling interval")
+
+
 Task = Annotated[
-    Iperf3ServerTask | Iperf3ClientTask | CaptureTask | TcpProbeTask | QdiscStatsTask | SsSampleTask,
+    Iperf3ServerTask | Iperf3ClientTask | CaptureTask | TcpProbeTask | QdiscStatsTask | SsSampleTask
+    | CpuLoadTask,
     Field(discriminator="kind"),
 ]
 
@@ -149,6 +159,8 @@ class Capabilities(_Msg):
     drivers: dict[str, str] = Field(default_factory=dict, description="per interface: ethtool -i driver")
     tools: dict[str, str] = Field(description="tool -> version string")
     tracepoints: list[str]
+    boot_id: str = Field("", description="/proc/sys/kernel/random/boot_id: hosts with the same one share a "
+                         "kernel and its CPUs (netns lab)")
     socket_diag: bool = Field(True, description="inet_diag answers for TCP (tcp_diag): `ss -ti` shows TCP_INFO "
                               "(without it ss reads /proc/net/tcp: no cwnd, no DCTCP alpha)")
 

@@ -118,4 +118,5 @@ def probe(interfaces: list[str]) -> Capabilities:
         tools={name: _first_line(argv) for name, argv in TOOLS.items()},
         tracepoints=tracepoints,
         socket_diag=tcp_socket_diag(),
+        boot_id=Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
     )

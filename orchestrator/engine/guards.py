@@ -3,12 +3,16 @@
 Each guard returns `Finding`s that name the guard, the host and what to change. Before a run
 (`pre_run_findings`) a finding refuses the run unless the plan lists the guard in `accept_guards` (an
 experiment may study the pitfall itself, e.g. an undersized netem limit); accepted findings are recorded
-as run flags. `clock_findings` runs after the clock exchange and flags cross-host metrics.
+as run flags. `clock_findings` runs after the clock exchange and flags cross-host metrics; `cpuload_findings`
+runs on the CPU samples the hosts took during the run.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
+from orchestrator.ingest.cpu import CpuIntervals
 from orchestrator.plan.runspec import RunSpec
 from schemas.hoststate import Bfifo, Htb, Netem, Pfifo, QdiscStage, Red
 
@@ -162,3 +166,39 @@ def clock_findings(offsets_ns: dict[str, int], threshold_ns: int = CLOCK_THRESHO
     return [Finding("G-CLOCK", host, f"clock offset {off / 1e3:.0f} us exceeds {threshold_ns / 1e3:.0f} us: "
                     "cross-host metrics of this run are invalid")
             for host, off in sorted(offsets_ns.items()) if abs(off) > threshold_ns]
+
+
+CPULOAD_BUSY = 0.90        # G-CPULOAD: a core counts as saturated above 90 % busy (softirq and steal included)
+CPULOAD_WINDOW_SHARE = 0.05   # ... and the run is flagged when that holds for more than 5 % of the window
+
+
+def cpu_summary(load: CpuIntervals, window: tuple[int, int]) -> dict[str, dict[str, float]]:
+    """M-CPU over the measurement window, per CPU: time-weighted mean busy, softirq and steal shares, the
+    busiest interval, and the share of the window spent above CPULOAD_BUSY. Intervals without a tick are left
+    out (their share of time is unknown)."""
+    weight = load.overlap_ns(window).astype(np.float64)
+    out = {}
+    for i, cpu in enumerate(load.cpus):
+        busy = load.busy[:, i]
+        w = np.where(np.isnan(busy), 0.0, weight)
+        if w.sum() == 0:
+            continue
+        out[cpu] = {"busy_mean": float(np.average(np.nan_to_num(busy), weights=w)),
+                    "busy_max": float(np.nanmax(np.where(w > 0, busy, np.nan))),
+                    "softirq_mean": float(np.average(np.nan_to_num(load.softirq[:, i]), weights=w)),
+                    "steal_mean": float(np.average(np.nan_to_num(load.steal[:, i]), weights=w)),
+                    "saturated_share": float(w[np.nan_to_num(busy) > CPULOAD_BUSY].sum() / w.sum())}
+    return out
+
+
+def cpuload_findings(summary: dict[str, dict[str, float]], host: str) -> list[Finding]:
+    """G-CPULOAD: any core of a run's host > 90 % busy (incl. softirq) for > 5 % of the window. `host` names
+    every role that shares that kernel (a netns lab is one machine)."""
+    if not summary:
+        return [Finding("G-CPULOAD", host, "no CPU sample covers the measurement window: the host's load "
+                        "during the run is unknown")]
+    hot = {cpu: s for cpu, s in summary.items() if s["saturated_share"] > CPULOAD_WINDOW_SHARE}
+    return [Finding("G-CPULOAD", host, f"{cpu} was > {CPULOAD_BUSY:.0%} busy for {s['saturated_share']:.0%} of "
+                    f"the measurement window (mean {s['busy_mean']:.0%}, softirq {s['softirq_mean']:.0%}, "
+                    f"steal {s['steal_mean']:.0%}): the lab host, not the network, may have limited this run")
+            for cpu, s in hot.items()]

@@ -61,14 +61,42 @@ class Timeline:
     stop_ns: int
 
 
+def _last_flow_end_s(spec: RunSpec) -> float:
+    return max((f.start_s + f.duration_s for f in spec.flows), default=spec.duration_s)
+
+
 def timeline(spec: RunSpec, t0_ns: int) -> Timeline:
-    last = max((f.start_s + f.duration_s for f in spec.flows), default=spec.duration_s)
-    return Timeline(t0_ns=t0_ns, start_ns=t0_ns - LEAD_NS, stop_ns=t0_ns + int(last * 1e9) + TAIL_NS)
+    end_ns = t0_ns + int(_last_flow_end_s(spec) * 1e9)
+    return Timeline(t0_ns=t0_ns, start_ns=t0_ns - LEAD_NS, stop_ns=end_ns + TAIL_NS)
 
 
-def schedule_tasks(spec: RunSpec, inv: Inventory, tl: Timeline) -> dict[str, list]:
-    """Per host role, the protocol tasks of this run."""
+def measurement_window(spec: RunSpec, tl: Timeline) -> tuple[int, int]:
+    """[T0 + warm-up, the last flow's end): the part of the run the metrics and the run guards speak for."""
+    return tl.t0_ns + int(spec.analysis.warmup_s * 1e9), tl.t0_ns + int(_last_flow_end_s(spec) * 1e9)
+
+
+def kernel_groups(boot_ids: dict[str, str]) -> dict[str, list[str]]:
+    """Roles grouped by the kernel they run on (same boot_id: one machine's CPUs, as in the netns lab),
+    keyed by the group's first role. A role without a boot_id is its own group."""
+    groups: dict[str, list[str]] = {}
+    first: dict[str, str] = {}
+    for role, boot in boot_ids.items():
+        key = first.setdefault(boot, role) if boot else role
+        groups.setdefault(key, []).append(role)
+    return groups
+
+
+CPU_LOAD_INTERVAL_MS = 100
+
+
+def schedule_tasks(spec: RunSpec, inv: Inventory, tl: Timeline,
+                   boot_ids: dict[str, str] | None = None) -> dict[str, list]:
+    """Per host role, the protocol tasks of this run. `boot_ids` (role -> the agent's boot_id) places one CPU
+    sampler on each kernel the run's hosts share."""
     tasks: dict[str, list] = {role: [] for role in inv.hosts}
+    for role in kernel_groups(boot_ids or {r: "" for r in inv.hosts}):
+        tasks[role].append(protocol.CpuLoadTask(task_id="cpu-load", start_ns=tl.start_ns, stop_ns=tl.stop_ns,
+                                                interval_ms=CPU_LOAD_INTERVAL_MS))
     for f in spec.flows:
         tasks[f.dst].append(protocol.Iperf3ServerTask(task_id=f"iperf3-server-{f.flow_id}",
                                                       start_ns=tl.start_ns, port=f.port))

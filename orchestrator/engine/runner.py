@@ -17,6 +17,7 @@ from sqlalchemy import Engine
 from orchestrator.agent_client import AgentClient, AgentError
 from orchestrator.engine import guards, resolve, verify
 from orchestrator.ingest.assemble import assemble, save_ingest_inputs, sender_ports
+from orchestrator.ingest.cpu import parse_cpu
 from orchestrator.inventory import Inventory
 from orchestrator.plan.runspec import RunSpec
 from orchestrator.storage.ingest import RunIngest, write_run
@@ -112,7 +113,8 @@ class Manager:
             flags += [str(f) for f in guards.clock_findings(offsets)]
             t0 = time.time_ns() + START_MARGIN_NS
             tl = resolve.timeline(spec, t0)
-            tasks = resolve.schedule_tasks(spec, self.inv, tl)
+            boot_ids = {r: self.caps[r].boot_id for r in self.inv.hosts}
+            tasks = resolve.schedule_tasks(spec, self.inv, tl, boot_ids)
             self.on_phase(spec.run_id, "schedule")
             await self._each(tasks, "schedule", lambda r: protocol.ScheduleArgs(run_id=spec.run_id,
                                                                                 tasks=tasks[r]))
@@ -129,6 +131,10 @@ class Manager:
                            if t["state"] != "done"]
                 flags += [f"{role}/{t['task_id']}: {t['detail']}" for t in res["tasks"]
                           if t["state"] == "done" and t["detail"]]
+            cpu_evidence, cpu_flags = cpu_load(run_dir, artifacts, resolve.kernel_groups(boot_ids),
+                                               resolve.measurement_window(spec, tl))
+            evidence += cpu_evidence
+            flags += cpu_flags
             if failed:
                 raise RunFailed("tasks failed:\n  " + "\n  ".join(failed))
         except (RunFailed, AgentError) as exc:
@@ -176,3 +182,23 @@ class Manager:
                  "src_addr": self.inv.hosts[f.src].data_addr, "dst_addr": self.inv.hosts[f.dst].data_addr,
                  "src_port": ports.get(f.flow_id), "dst_port": f.port, "cc": f.cc, "start_s": f.start_s,
                  "duration_s": f.duration_s, "tool": f.tool} for f in spec.flows]
+
+
+def cpu_load(run_dir: Path, artifacts: dict[str, list[dict]], groups: dict[str, list[str]],
+             window: tuple[int, int]) -> tuple[list[dict], list[str]]:
+    """M-CPU evidence and G-CPULOAD flags from the hosts' cpu_load artifacts. A host whose samples cannot be
+    read is flagged (its load is unknown), never the reason to lose the run."""
+    evidence, flags = [], []
+    for role, infos in artifacts.items():
+        for info in (i for i in infos if i["kind"] == "cpu"):
+            host = "+".join(groups.get(role, [role]))
+            try:
+                summary = guards.cpu_summary(parse_cpu((run_dir / role / info["name"]).read_text()).intervals(),
+                                             window)
+            except (OSError, ValueError) as exc:
+                flags.append(f"G-CPULOAD host {host}: {role}/{info['name']} unreadable: {exc}")
+                continue
+            evidence.append({"host": role, "phase": "cpu", "data": {"shared_by": groups.get(role, [role]),
+                                                                   "window_ns": list(window), "cpus": summary}})
+            flags += [str(f) for f in guards.cpuload_findings(summary, host)]
+    return evidence, flags

@@ -1,0 +1,65 @@
+"""G-CPULOAD on the netns lab: a real run on a machine whose cores are saturated is completed, flagged and
+carries the per-CPU summary as evidence. The three namespace hosts share one kernel, so one sampler speaks
+for all of them and the flag names them together."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from sqlalchemy import text
+
+from tests.lab.conftest import run_lab_plan
+
+PLAN = """
+version: 1
+name: cpuguard
+description: a short bulk flow while every core spins (G-CPULOAD)
+roles: [client, aqm, server]
+tags: [smoke]
+repetitions: 1
+seed: 1
+run:
+  duration: 3s
+  mtu: 1500
+  bottleneck:
+    at: {host: aqm, toward: client}
+    rate: 20mbit
+    queue: {kind: pfifo, limit: 30}
+  traffic: {tool: iperf3, src: server, dst: client, cc: cubic, flows: 1, base_port: 5201}
+  hosts:
+    all:
+      offloads: {tso: off, gso: off, gro: off, sg: off}
+  captures: []
+  analysis: {warmup: 1s}
+"""
+
+
+def test_saturated_machine_flags_the_run(lab, tmp_path: Path) -> None:
+    _, state_dir = lab
+    plan = tmp_path / "cpuguard.yaml"
+    plan.write_text(PLAN)
+    # one busy loop per core, bounded in time by itself (60 s) and stopped by pid
+    spin = "import time\nend = time.monotonic() + 60\nwhile time.monotonic() < end: pass"
+    spinners = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(os.cpu_count() or 1)]
+    try:
+        db = run_lab_plan(plan, state_dir, tmp_path)
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+    with db.connect() as conn:
+        [run] = conn.execute(text("SELECT run_id, status, flags FROM run")).all()
+        cpu = conn.execute(text("SELECT host, data FROM host_evidence WHERE phase = 'cpu'")).all()
+    assert run.status == "complete"                 # flagged, not failed: the artifacts are still the run's
+    loaded = [f for f in json.loads(run.flags) if f.startswith("G-CPULOAD")]
+    print("\n".join(loaded))
+    assert loaded, json.loads(run.flags)
+    assert all(f.startswith("G-CPULOAD host client+aqm+server: cpu") for f in loaded), loaded
+    assert len(cpu) == 1                            # one kernel, one sampler
+    data = json.loads(cpu[0].data) if isinstance(cpu[0].data, str) else cpu[0].data
+    assert sorted(data["shared_by"]) == ["aqm", "client", "server"]
+    assert len(data["cpus"]) == os.cpu_count()
+    assert max(c["saturated_share"] for c in data["cpus"].values()) > 0.5
