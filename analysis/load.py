@@ -78,6 +78,7 @@ class RunMeta:
     repetition: int = 0
     tags: tuple[str, ...] = ()
     spec: dict[str, Any] = field(default_factory=dict, repr=False)
+    flags: tuple[str, ...] = ()          # guard findings recorded with the run (G-CPULOAD, G-CLOCK, accepted ...)
 
     @property
     def cc(self) -> str:
@@ -179,7 +180,7 @@ def list_runs(conn: Connection, run_ids: Iterable[str] | None = None) -> list[Ru
     data that would mislead a table; ask for them by id to see them)."""
     r = T.run
     stmt = sa.select(r.c.run_id, r.c.status, r.c.params, r.c.spec, r.c.t0_ns, r.c.duration_s, r.c.plan_name,
-                     r.c.experiment, r.c.repetition, r.c.tags)
+                     r.c.experiment, r.c.repetition, r.c.tags, r.c.flags)
     if run_ids is None:
         stmt = stmt.where(r.c.status == "complete").order_by(r.c.run_id)
     else:
@@ -192,7 +193,8 @@ def list_runs(conn: Connection, run_ids: Iterable[str] | None = None) -> list[Ru
                                     t0_ns=row.t0_ns, duration_s=row.duration_s,
                                     capture_point=point, bottleneck=link, plan_name=row.plan_name,
                                     experiment=row.experiment, repetition=row.repetition,
-                                    tags=tuple(str(t) for t in row.tags or ()), spec=dict(row.spec or {}))
+                                    tags=tuple(str(t) for t in row.tags or ()), spec=dict(row.spec or {}),
+                                    flags=tuple(str(f) for f in row.flags or ()))
     if run_ids is None:
         return list(metas.values())
     missing = [i for i in wanted if i not in metas]

@@ -117,7 +117,7 @@ def analyse(data: RunData) -> RunAnalysis:
     """All metrics of one loaded run (load_run(..., detail=True) for RTT, FCT, gaps, queue delay, ss)."""
     meta = data.meta
     row = summarise(data)
-    notes: list[str] = []
+    notes: list[str] = [f"run flag: {f}" for f in meta.flags]   # a flagged run's numbers are suspect: say so
     analysis = meta.spec.get("analysis") or {}
     pk = {f.flow_id: data.packets.get(f.flow_id, np.empty(0, PACKET_DTYPE)) for f in data.flows}
     spans = {i: (int(p["ts_ns"].min()), int(p["ts_ns"].max())) for i, p in pk.items() if p.size}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import html
 import io
 import math
 import re
@@ -93,6 +94,8 @@ def flow_row(run_id: str, flow_id: int, cc: str, dport: int, sport: int | None) 
 
 
 BOTTLENECK = "aqm:to-client"
+CPULOAD_FLAG = ("G-CPULOAD host client+aqm+server: cpu1 was > 90% busy for 100% of the measurement window (mean "
+                "100%, softirq 0%, steal 0%): the lab host, not the network, may have limited this run")
 
 
 @pytest.fixture()
@@ -102,6 +105,7 @@ def engine(tmp_path: Path) -> sa.Engine:
     runs = [run_row("q-reno-20", "reno", 20_000_000, [5201]),
             run_row("q-bbr-50", "bbr", 50_000_000, [5201, 5202]),
             run_row("q-failed", "reno", 20_000_000, [5201], status="failed")]
+    runs[1]["flags"] = [CPULOAD_FLAG]
     flows = [flow_row("q-reno-20", 0, "reno", 5201, None),            # sender port not recorded
              flow_row("q-bbr-50", 0, "bbr", 5201, 40001),
              flow_row("q-bbr-50", 1, "bbr", 5202, 40002),
@@ -274,6 +278,12 @@ def test_write_report_html_and_csv(engine, tmp_path):
         assert float(rec["goodput_bps"]) == pytest.approx(r.goodput_bps)
         assert [float(x) for x in rec["flow_goodput_bps"].split(";")] == pytest.approx(r.flow_goodput_bps)
         assert int(rec["drops"]) == r.drops and rec["qdisc_handle"] == "1:"
+    # a run's guard flags travel into the detail table's notes and the page: its numbers are suspect
+    with (out / "tables" / "runs_detail.csv").open(newline="") as fh:
+        notes = {rec["run_id"]: rec["notes"] for rec in csv.DictReader(fh)}
+    assert f"run flag: {CPULOAD_FLAG}" in notes["q-bbr-50"]
+    assert "run flag" not in notes["q-reno-20"]
+    assert html.escape(f"run flag: {CPULOAD_FLAG}") in page
 
 
 def test_run_series_bins_share_t0_and_show_the_retransmission_free_goodput(engine):
