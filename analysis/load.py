@@ -94,6 +94,17 @@ class RunMeta:
         return int(rate) if rate is not None else None
 
     @property
+    def base_rtt_s(self) -> float | None:
+        """The base RTT the plan states: a varied `base_rtt`/`rtt`/`delay` (LS-AIMD calls it base_rtt), else
+        the derived `base_rtt_us` of the run's own expansion (a one-cell plan varies nothing)."""
+        for key in ("base_rtt_s", "rtt_s", "delay_s"):
+            value = self.params.get(key)
+            if isinstance(value, int | float) and value > 0:
+                return float(value)
+        derived = (self.spec.get("derived") or {}).get("base_rtt_us")
+        return derived / 1e6 if isinstance(derived, int | float) and derived > 0 else None
+
+    @property
     def flows(self) -> int | None:
         n = self.params.get("flows")
         return int(n) if n is not None else None

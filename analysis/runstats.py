@@ -75,18 +75,8 @@ class RunAnalysis:
         return self.row.run_id
 
 
-def base_rtt_s(params: dict) -> float | None:
-    """The base RTT the plan states (LS-AIMD `base_rtt`, others `rtt`/`delay`), in seconds."""
-    for key in ("base_rtt_s", "rtt_s", "delay_s"):
-        value = params.get(key)
-        if isinstance(value, int | float) and value > 0:
-            return float(value)
-    return None
-
-
-def rtt_bin_ns(params: dict) -> int | None:
-    """One base RTT in ns when the plan states one of at least MIN_RTT_BIN_NS, else None."""
-    rtt = base_rtt_s(params)
+def rtt_bin_ns(rtt: float | None) -> int | None:
+    """One base RTT (s) in ns when the plan states one of at least MIN_RTT_BIN_NS, else None."""
     return int(round(rtt * 1e9)) if rtt is not None and rtt * 1e9 >= MIN_RTT_BIN_NS else None
 
 
@@ -94,7 +84,7 @@ def _bins(data: RunData, t0: int, end_ns: int) -> dict[int, int]:
     """Bin width -> bin count from t0 to the last packet: 10 ms, 100 ms, one base RTT (≥ 1 ms), and the
     plan's own analysis bin."""
     widths = {TEN_MS, HUNDRED_MS}
-    rtt_bin = rtt_bin_ns(data.meta.params)
+    rtt_bin = rtt_bin_ns(data.meta.base_rtt_s)
     if rtt_bin is not None:
         widths.add(rtt_bin)
     plan_bin = (data.meta.spec.get("analysis") or {}).get("bin_s")
@@ -131,7 +121,7 @@ def analyse(data: RunData) -> RunAnalysis:
         notes.append(f"empty analysis window ({window.rule}): window metrics are NaN")
     w0, w1 = window.start_ns, window.end_ns
     rate = meta.rate_bit
-    rtt_s = base_rtt_s(meta.params)
+    rtt_s = meta.base_rtt_s
     end_ns = max((s[1] for s in spans.values()), default=t0)
     bins = _bins(data, t0, end_ns)
     # each flow's goodput advance once (filter, sort, unwrap), binned at every width: the values of
@@ -141,7 +131,7 @@ def analyse(data: RunData) -> RunAnalysis:
                   for w, n in bins.items()}
 
     # fairness and convergence on one-RTT bins when the plan states the RTT, else 100 ms bins
-    rtt_bin = rtt_bin_ns(meta.params)
+    rtt_bin = rtt_bin_ns(rtt_s)
     conv_bin = rtt_bin or HUNDRED_MS
     if rtt_bin is None and len(spans) > 1:
         notes.append("no base RTT >= 1 ms stated: Jain's index and convergence use 100 ms bins")

@@ -231,6 +231,7 @@ def derived_values(t: RunTemplate) -> dict[str, Any]:
     target = refs.target_ns or 0
     out["target_us"] = target / 1000
     if rtt is not None:
+        out["base_rtt_us"] = rtt / 1000
         bdp = bdp_bytes(rate, rtt)
         out["bdp_bytes"] = bdp
         if capacity is not None:

@@ -318,3 +318,20 @@ def test_the_bottleneck_rate_comes_from_the_derived_values_when_the_plan_does_no
     assert varied.rate_bit == 20_000_000
     assert RunMeta(run_id="r", status="complete", params={}, t0_ns=T0, duration_s=1.0, capture_point=None,
                    bottleneck=None).rate_bit is None
+
+
+def test_the_base_rtt_comes_from_the_run_s_own_expansion_when_the_plan_does_not_vary_it():
+    from analysis.load import RunMeta
+    from orchestrator.plan.expand import expand
+    from orchestrator.plan.loader import load_plan
+
+    [spec] = expand(load_plan(Path(__file__).resolve().parents[2] / "experiments" / "vm" / "dctcp.yaml"))[:1]
+    assert spec.derived["base_rtt_us"] == 20_000           # netem 20 ms holds the whole RTT
+    one_cell = RunMeta(run_id="r", status="complete", params=dict(spec.params), t0_ns=T0, duration_s=1.0,
+                       capture_point=None, bottleneck=None, spec={"derived": dict(spec.derived)})
+    assert one_cell.base_rtt_s == pytest.approx(0.020)
+    varied = RunMeta(run_id="r", status="complete", params={"base_rtt_s": 0.05}, t0_ns=T0, duration_s=1.0,
+                     capture_point=None, bottleneck=None, spec={"derived": {"base_rtt_us": 20_000}})
+    assert varied.base_rtt_s == 0.05
+    assert RunMeta(run_id="r", status="complete", params={}, t0_ns=T0, duration_s=1.0, capture_point=None,
+                   bottleneck=None).base_rtt_s is None
