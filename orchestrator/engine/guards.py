@@ -202,3 +202,76 @@ def cpuload_findings(summary: dict[str, dict[str, float]], host: str) -> list[Fi
                     f"the measurement window (mean {s['busy_mean']:.0%}, softirq {s['softirq_mean']:.0%}, "
                     f"steal {s['steal_mean']:.0%}): the lab host, not the network, may have limited this run")
             for cpu, s in hot.items()]
+
+
+# ---------------------------------------------------------------- after the run, on what was measured
+
+SHAPERS = ("htb", "tbf")
+DATA_SHARE_OF_RATE = 0.10   # an htb that carried less than this share of R x window carried ACKs, not data
+
+
+def _counter_deltas(samples: np.ndarray) -> dict[str, dict[str, int | str]]:
+    """handle -> kind, parent and the drops/overlimits/bytes its counters advanced by over the samples."""
+    out: dict[str, dict[str, int | str]] = {}
+    for handle in dict.fromkeys(samples["handle"].tolist()):
+        mine = samples[samples["handle"] == handle]
+        first, last = mine[0], mine[-1]
+        out[handle] = {"kind": str(last["kind"]), "parent": str(last["parent"]),
+                       **{c: int(last[c]) - int(first[c]) for c in ("drops", "overlimits", "bytes")}}
+    return out
+
+
+def _own_drops(handle: str, deltas: dict[str, dict[str, int | str]]) -> int:
+    """A qdisc's drop counter includes what its child qdiscs dropped (htb and netem count a refused child
+    enqueue as their own drop), so its own drops are the difference."""
+    major = handle.split(":")[0]
+    children = [d for d in deltas.values() if str(d["parent"]).split(":")[0] == major and d["parent"] != "root"]
+    return int(deltas[handle]["drops"]) - sum(int(c["drops"]) for c in children)
+
+
+def qdisc_findings(spec: RunSpec, host: str, iface: str, samples: np.ndarray) -> list[Finding]:
+    """On one sampled interface: drops anywhere but in the chain's last qdisc (M-DROP: netem -> G-NETEM,
+    a shaper -> G-HTB, unless the plan asked netem for loss), and a bottleneck htb that carried data
+    without ever throttling (G-HTB post: the shaper was not the bottleneck)."""
+    if samples.size < 2:
+        return []
+    deltas = _counter_deltas(samples)
+    window_s = max(1e-9, (int(samples["ts_ns"].max()) - int(samples["ts_ns"].min())) / 1e9)
+    parents = {str(d["parent"]).split(":")[0] for d in deltas.values()}
+    hp = spec.hosts.get(host)
+    planned_loss = any(isinstance(s, Netem) and s.loss > 0 for c in (hp.qdiscs.values() if hp else ()) for s in c)
+    out = []
+    for handle, d in deltas.items():
+        leaf = handle.split(":")[0] not in parents
+        own = _own_drops(handle, deltas)
+        if not leaf and own > 0 and not (d["kind"] == "netem" and planned_loss):
+            guard = "G-NETEM" if d["kind"] == "netem" else "G-HTB" if d["kind"] in SHAPERS else "M-DROP"
+            out.append(Finding(guard, host, f"{d['kind']} {handle} on {iface} dropped {own} packets itself, above "
+                               "the queue under test: drops outside the AQM (raise its limit)"))
+    rate = spec.derived.get("bottleneck_rate_bit")
+    bulk = any(f.tool == "iperf3" and not f.bytes for f in spec.flows)
+    for handle, d in deltas.items():
+        carried_bit = int(d["bytes"]) * 8
+        if (d["kind"] == "htb" and bulk and rate and carried_bit >= DATA_SHARE_OF_RATE * rate * window_s
+                and int(d["overlimits"]) == 0):
+            out.append(Finding("G-HTB", host, f"htb {handle} on {iface} carried {carried_bit / window_s / 1e6:.1f} "
+                               "Mbit/s of bulk traffic but never throttled (overlimits 0): the shaper was not "
+                               "the bottleneck"))
+    return out
+
+
+def ss_cc_findings(spec: RunSpec, host: str, ss: np.ndarray, sender_ports: dict[int, int | None]) -> list[Finding]:
+    """G-CC post: the congestion control `ss -ti` names on each flow's data socket is the plan's. iperf3's
+    control connection to the same port runs the host's default CC (seen: bbr next to a `-C cubic` stream),
+    so the data socket is the flow's recorded sender port, else the one that sent the most bytes."""
+    out = []
+    for f in (f for f in spec.flows if f.src == host and f.tool != "udp"):
+        mine = ss[ss["dport"] == f.port]
+        if mine.size == 0:
+            continue
+        sport = sender_ports.get(f.flow_id) or int(mine["sport"][np.argmax(mine["bytes_sent"])])
+        seen = sorted({str(c) for c in mine["cc"][mine["sport"] == sport]} - {""})
+        if seen and seen != [f.cc]:
+            out.append(Finding("G-CC", host, f"flow {f.flow_id} (port {sport} -> {f.port}) ran {', '.join(seen)} "
+                               f"per ss, the plan says {f.cc}"))
+    return out

@@ -163,7 +163,7 @@ class Manager:
         if ingest is None:
             ingest = RunIngest(run=run_row, plan=plan_row, flows=flow_rows, evidence=evidence)
         counts = write_run(self.db, ingest)
-        return RunOutcome(spec.run_id, run_row["status"], error, flags, dict(vars(counts)))
+        return RunOutcome(spec.run_id, run_row["status"], error, list(ingest.run["flags"]), dict(vars(counts)))
 
     def _run_row(self, spec: RunSpec, plan_row, t0, started, error, flags) -> dict:
         return {

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from orchestrator.engine import guards
 from orchestrator.ingest import addr, qdelay, records
 from orchestrator.ingest.conns import ConnRegistry
 from orchestrator.ingest.iperf3 import parse_iperf3
@@ -142,6 +143,11 @@ def assemble(spec: RunSpec, run_row: dict, plan_row: dict | None, run_dir: Path,
                     iperf.append((port_to_flow[port], result.intervals))
             except ValueError as exc:  # a parser's format error names the line and why; add the file
                 raise ArtifactError(f"{host}/{info['name']}: {exc}") from exc
+    # guards on what was measured (M-DROP, G-NETEM/G-HTB post, G-CC post): here, so a re-ingest redoes them
+    post = [str(f) for host, iface, arr in qdisc for f in guards.qdisc_findings(spec, host, iface, arr)]
+    ports = {r["flow_id"]: r.get("src_port") for r in flow_rows}
+    post += [str(f) for host, arr in ss for f in guards.ss_cc_findings(spec, host, arr, ports)]
+    run_row = {**run_row, "flags": list(dict.fromkeys([*run_row.get("flags", []), *post]))}
     conns = ConnRegistry()
     qd, pairs = paired_qdelay(spec, flow_rows, captures, conns)
     packets = [(c.label, PcapReader(c.path, c.point_id)) for c in captures]

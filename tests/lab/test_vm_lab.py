@@ -169,6 +169,31 @@ def test_red_ecn_plan_applies_reads_back_marks_and_resets(vm_lab, tmp_path):
     assert [q["kind"] for q in json.loads(after)] == [q["kind"] for q in json.loads(before)]
 
 
+def test_drops_in_an_undersized_netem_are_flagged_after_the_run(vm_lab, tmp_path):
+    """M-DROP / G-NETEM post: netem limited to 5 packets in front of the RED queue (10 ms at 20 Mbit/s is
+    ~17 packets in flight). The plan accepts G-NETEM, so the run goes ahead; the sampled counters then show
+    netem dropping packets of its own -- drops outside the AQM -- and the run is flagged with how many."""
+    _, state_dir = vm_lab
+    plan = tmp_path / "netem-small.yaml"
+    text_ = RED_ECN_PLAN.read_text().replace("name: vm-red-ecn", "name: vm-netem-small")
+    text_ = text_.replace("    line_rate: 1gbit                  # sizes netem's limit (G-NETEM)\n",
+                          "    netem_limit: 5\n")
+    text_ = text_.replace("  tcp_probe: true\n", "  tcp_probe: true\n  accept_guards: [G-NETEM]\n")
+    text_ = text_[:text_.index("matrix:")]
+    assert "netem_limit: 5" in text_ and "accept_guards" in text_
+    plan.write_text(text_)
+    engine = run_lab_plan(plan, state_dir, tmp_path)
+    with engine.connect() as conn:
+        [run] = conn.execute(text("SELECT run_id, status, flags FROM run")).all()
+    flags = json.loads(run.flags)
+    print("\n".join(flags))
+    assert run.status == "complete"
+    assert any(f.startswith("accepted G-NETEM host aqm: netem") for f in flags), flags
+    [dropped] = [f for f in flags if f.startswith("G-NETEM host aqm: netem 1: on to-client dropped ")]
+    assert int(dropped.split(" dropped ")[1].split()[0]) > 0
+    assert not [f for f in flags if f.startswith(("G-HTB", "M-DROP"))], flags
+
+
 FLOOR_PLAN = Path(__file__).resolve().parents[2] / "experiments" / "vm" / "floor.yaml"
 
 

@@ -1,0 +1,88 @@
+"""Guards on what a run measured (EXPERIMENTS.md M-DROP, G-NETEM/G-HTB post, G-CC post), on literal
+sampler and ss output (tests/fixtures/qdisc/README.md, tests/fixtures/ss/)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator.engine import guards
+from orchestrator.ingest.assemble import parse_qdisc_csv
+from orchestrator.ingest.ss import parse_ss
+from orchestrator.plan.expand import expand
+from orchestrator.plan.loader import load_plan, load_plan_text
+from schemas.hoststate import Netem
+
+ROOT = Path(__file__).resolve().parents[2]
+QDISC = ROOT / "tests" / "fixtures" / "qdisc"
+RED_ECN = ROOT / "experiments" / "vm" / "red-ecn.yaml"
+
+
+def _samples(name: str):
+    return parse_qdisc_csv((QDISC / f"{name}.csv").read_text())
+
+
+def _quickstart(cc: str, rate: str, flows: int):
+    return next(s for s in expand(load_plan(ROOT / "experiments" / "quickstart.yaml"))
+                if (s.params["cc"], s.params["rate"], s.params["flows"]) == (cc, rate, flows))
+
+
+def _red_ecn(netem: str):
+    text = RED_ECN.read_text().replace("    line_rate: 1gbit                  # sizes netem's limit (G-NETEM)\n", netem)
+    text = text.replace("  tcp_probe: true\n", "  tcp_probe: true\n  accept_guards: [G-NETEM]\n")
+    return expand(load_plan_text(text[:text.index("matrix:")], "netem-small.yaml"))[0]
+
+
+def test_drops_in_the_queue_under_test_are_not_flagged():
+    # the pfifo dropped 123 packets and htb's own counter shows the same 123: they are the leaf's
+    assert guards.qdisc_findings(_quickstart("reno", "50mbit", 1), "aqm", "to-client",
+                                 _samples("htb50_pfifo100_reno")) == []
+
+
+def test_netem_dropping_above_the_aqm_is_flagged_with_its_own_count():
+    found = guards.qdisc_findings(_red_ecn("    netem_limit: 5\n"), "aqm", "to-client",
+                                  _samples("vm61_netem5_htb20_red_ecn"))
+    assert [str(f) for f in found] == [
+        "G-NETEM host aqm: netem 1: on to-client dropped 292 packets itself, above the queue under test: "
+        "drops outside the AQM (raise its limit)"]
+
+
+def test_planned_netem_loss_is_not_a_finding():
+    spec = _red_ecn("    netem_limit: 5\n")
+    aqm = spec.hosts["aqm"]
+    lossy = {t: [s.model_copy(update={"loss": 0.01}) if isinstance(s, Netem) else s for s in c]
+             for t, c in aqm.qdiscs.items()}       # the plan asks this host's netem for 1 % loss
+    spec = spec.model_copy(update={"hosts": {**spec.hosts, "aqm": aqm.model_copy(update={"qdiscs": lossy})}})
+    assert guards.qdisc_findings(spec, "aqm", "to-client", _samples("vm61_netem5_htb20_red_ecn")) == []
+
+
+def test_an_htb_that_never_throttled_a_bulk_run_is_flagged():
+    found = guards.qdisc_findings(_quickstart("reno", "20mbit", 1), "aqm", "to-client",
+                                  _samples("htb20_burst2MB_pfifo_tcp5mbit"))
+    assert len(found) == 1 and found[0].guard == "G-HTB"
+    assert "htb 1: on to-client carried 3.2 Mbit/s of bulk traffic but never throttled" in found[0].message
+
+
+def test_htb_overlimits_from_bursts_count_as_throttling():
+    # below its rate htb still throttles line-rate cwnd bursts: overlimits 78, not a finding
+    assert guards.qdisc_findings(_quickstart("reno", "20mbit", 1), "aqm", "to-client",
+                                 _samples("htb100_pfifo_tcp5mbit")) == []
+
+
+def test_one_sample_or_none_says_nothing():
+    spec = _quickstart("reno", "20mbit", 1)
+    assert guards.qdisc_findings(spec, "aqm", "x", _samples("htb100_pfifo_tcp5mbit")[:1]) == []
+
+
+def _ss_spec(cc: str, port: int):
+    text = (ROOT / "experiments" / "quickstart.yaml").read_text().replace("base_port: 5201", f"base_port: {port}")
+    spec = next(s for s in expand(load_plan_text(text, "q.yaml")) if s.params["flows"] == 1)
+    return spec.model_copy(update={"flows": [spec.flows[0].model_copy(update={"cc": cc})]})
+
+
+def test_ss_shows_the_planned_cc_on_the_data_socket_not_the_control_one():
+    ss = parse_ss((ROOT / "tests" / "fixtures" / "ss" / "ss_cubic.txt").read_text())
+    # iperf3's control connection (port 59328) ran the namespace's default bbr; the -C cubic stream 59344
+    assert guards.ss_cc_findings(_ss_spec("cubic", 5311), "server", ss, {0: 59344}) == []
+    assert guards.ss_cc_findings(_ss_spec("cubic", 5311), "server", ss, {0: None}) == []   # most bytes sent
+    [f] = guards.ss_cc_findings(_ss_spec("dctcp", 5311), "server", ss, {0: 59344})
+    assert str(f) == "G-CC host server: flow 0 (port 59344 -> 5311) ran cubic per ss, the plan says dctcp"
+    assert guards.ss_cc_findings(_ss_spec("cubic", 5399), "server", ss, {0: None}) == []   # not sampled
