@@ -174,14 +174,18 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
+    from orchestrator.engine.written import flag_written_run
     from orchestrator.ingest.assemble import reassemble
     from orchestrator.storage.db import open_db
     from orchestrator.storage.ingest import write_run
 
     db = open_db(args.db)
     for run_dir in args.run_dirs:
-        counts = write_run(db, reassemble(run_dir))
+        ingest = reassemble(run_dir)
+        counts = write_run(db, ingest)
         console.print(f"{run_dir.name}: " + ", ".join(f"{k} {v}" for k, v in vars(counts).items() if v))
+        for flag in [*ingest.run["flags"], *flag_written_run(db, ingest)]:
+            console.print(f"[yellow]flag[/yellow] {run_dir.name}: {flag}")
     return 0
 
 

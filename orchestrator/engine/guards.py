@@ -275,3 +275,43 @@ def ss_cc_findings(spec: RunSpec, host: str, ss: np.ndarray, sender_ports: dict[
             out.append(Finding("G-CC", host, f"flow {f.flow_id} (port {sport} -> {f.port}) ran {', '.join(seen)} "
                                f"per ss, the plan says {f.cc}"))
     return out
+
+
+ECN_SETTING_CCS = frozenset({"dctcp", "prague"})   # CCs that request ECN themselves (tcp_ca_needs_ecn)
+ECT_SHARE_MIN = 0.5   # Linux sends retransmissions not-ECT (RFC 3168 §6.1.5): a negotiated flow stays far above
+
+
+def ecn_expected(spec: RunSpec, flow) -> bool:
+    """The flow's sender asks for ECN: tcp_ecn = 1 on it, or a CC that sets ECN itself."""
+    hp = spec.hosts.get(flow.src)
+    return flow.cc in ECN_SETTING_CCS or (hp is not None and str(hp.sysctls.get("net.ipv4.tcp_ecn", "")).strip() == "1")
+
+
+def ecn_findings(spec: RunSpec, flow_rows: list[dict], counts: list[dict]) -> list[Finding]:
+    """G-ECN post, per flow that should use ECN, from the packets the capture points saw: the SYN carries
+    ECE+CWR, the SYN-ACK ECE, and the data is ECN-capable (ECT or CE). A handshake no point captured is not
+    judged; a SYN retried without ECE (tcp_ecn_fallback) is the failure this exists for."""
+    ports = {r["flow_id"]: r.get("src_port") for r in flow_rows}
+    out = []
+    for f in spec.flows:
+        if f.tool == "udp" or not ecn_expected(spec, f):
+            continue
+        to_dst = [c for c in counts if c["dst_port"] == f.port]
+        if not to_dst:
+            continue
+        sport = ports.get(f.flow_id) or max(to_dst, key=lambda c: c["data"])["src_port"]
+        fwd = [c for c in to_dst if c["src_port"] == sport]
+        rev = [c for c in counts if c["src_port"] == f.port and c["dst_port"] == sport]
+        problems = []
+        if sum(c["syn"] for c in fwd) and not sum(c["syn_ecn"] for c in fwd):
+            problems.append("its SYN carried no ECE+CWR")
+        if sum(c["synack"] for c in rev) and not sum(c["synack_ece"] for c in rev):
+            problems.append("the SYN-ACK carried no ECE")
+        best = max(fwd, key=lambda c: c["data"], default=None)
+        if best and best["data"] and best["data_ect"] / best["data"] < ECT_SHARE_MIN:
+            problems.append(f"{best['data_ect'] / best['data']:.0%} of its data packets at {best['point']} were "
+                            "ECN-capable")
+        if problems:
+            out.append(Finding("G-ECN", f.src, f"flow {f.flow_id} ({sport} -> {f.port}) did not use ECN: "
+                               + "; ".join(problems) + " (check tcp_ecn on both ends and tcp_ecn_fallback=0)"))
+    return out

@@ -16,6 +16,7 @@ from sqlalchemy import Engine
 
 from orchestrator.agent_client import AgentClient, AgentError
 from orchestrator.engine import guards, resolve, verify
+from orchestrator.engine.written import flag_written_run
 from orchestrator.ingest.assemble import assemble, save_ingest_inputs, sender_ports
 from orchestrator.ingest.cpu import parse_cpu
 from orchestrator.inventory import Inventory
@@ -163,7 +164,8 @@ class Manager:
         if ingest is None:
             ingest = RunIngest(run=run_row, plan=plan_row, flows=flow_rows, evidence=evidence)
         counts = write_run(self.db, ingest)
-        return RunOutcome(spec.run_id, run_row["status"], error, list(ingest.run["flags"]), dict(vars(counts)))
+        flags = [*ingest.run["flags"], *flag_written_run(self.db, ingest)]
+        return RunOutcome(spec.run_id, run_row["status"], error, flags, dict(vars(counts)))
 
     def _run_row(self, spec: RunSpec, plan_row, t0, started, error, flags) -> dict:
         return {

@@ -86,3 +86,32 @@ def test_ss_shows_the_planned_cc_on_the_data_socket_not_the_control_one():
     [f] = guards.ss_cc_findings(_ss_spec("dctcp", 5311), "server", ss, {0: 59344})
     assert str(f) == "G-CC host server: flow 0 (port 59344 -> 5311) ran cubic per ss, the plan says dctcp"
     assert guards.ss_cc_findings(_ss_spec("cubic", 5399), "server", ss, {0: None}) == []   # not sampled
+
+
+def _counts(point, sport, dport, **kw):
+    return {"point": point, "src_port": sport, "dst_port": dport, "syn": 0, "syn_ecn": 0, "synack": 0,
+            "synack_ece": 0, "data": 0, "data_ect": 0, **kw}
+
+
+def test_ecn_findings_judge_only_flows_that_asked_for_ecn():
+    spec = _red_ecn("    netem_limit: 5\n")            # tcp_ecn: 1 on every host
+    reno = _quickstart("reno", "20mbit", 1)            # tcp_ecn: 0
+    rows = [{"flow_id": 0, "src_port": 40000}, {"flow_id": 1, "src_port": 40002}]
+    ok = [_counts("aqm:to-server", 40000, 5201, syn=1, syn_ecn=1, data=1000, data_ect=990),
+          _counts("aqm:to-server", 5201, 40000, synack=1, synack_ece=1),
+          _counts("aqm:to-server", 40002, 5202, syn=1, syn_ecn=1, data=900, data_ect=899),
+          _counts("aqm:to-server", 5202, 40002, synack=1, synack_ece=1)]
+    assert guards.ecn_findings(spec, rows, ok) == []
+    # flow 1's first SYN was dropped and the retry went out without ECE (tcp_ecn_fallback): non-ECT data
+    fallback = ok[:2] + [_counts("aqm:to-server", 40002, 5202, syn=2, syn_ecn=1, data=900, data_ect=0),
+                         _counts("aqm:to-server", 5202, 40002, synack=1, synack_ece=0)]
+    fallback[2]["syn_ecn"] = 0
+    [f] = guards.ecn_findings(spec, rows, fallback)
+    assert str(f) == ("G-ECN host server: flow 1 (40002 -> 5202) did not use ECN: its SYN carried no ECE+CWR; the "
+                      "SYN-ACK carried no ECE; 0% of its data packets at aqm:to-server were ECN-capable (check "
+                      "tcp_ecn on both ends and tcp_ecn_fallback=0)")
+    plain = [_counts("aqm:to-server", 40000, 5201, syn=1, data=1000)]
+    assert guards.ecn_findings(reno, rows[:1], plain) == []                  # reno with tcp_ecn 0: not asked
+    assert len(guards.ecn_findings(spec, rows[:1], plain)) == 1               # the same packets, ECN asked
+    late = [_counts("aqm:to-server", 40000, 5201, data=1000, data_ect=990)]  # capture began after the handshake
+    assert guards.ecn_findings(spec, rows, late) == []
