@@ -140,3 +140,28 @@ def run_lab_plan_unloaded(plan: Path, state_dir: Path, tmp_path: Path, attempts:
         print(f"attempt {attempt + 1} of {attempts}: the lab machine was loaded, running again:\n  "
               + "\n  ".join(loaded))
     pytest.skip(f"G-CPULOAD flagged the lab machine in all {attempts} attempts: {'; '.join(loaded)}")
+
+
+def one_flow_plan(name: str, description: str, duration: str = "2s", hosts: str = "", run_extra: str = "") -> str:
+    """A one-cell netns plan: one CUBIC flow server -> client through htb 20 Mbit/s + pfifo 30 on the aqm,
+    offloads off. `hosts` adds YAML under run.hosts (4-space indent), `run_extra` under run (2-space)."""
+    return f"""
+version: 1
+name: {name}
+description: {description}
+roles: [client, aqm, server]
+tags: [smoke]
+repetitions: 1
+seed: 1
+run:
+  duration: {duration}
+  mtu: 1500
+  bottleneck:
+    at: {{host: aqm, toward: client}}
+    rate: 20mbit
+    queue: {{kind: pfifo, limit: 30}}
+  traffic: {{tool: iperf3, src: server, dst: client, cc: cubic, flows: 1, base_port: 5201}}
+  hosts:
+    all:
+      offloads: {{tso: off, gso: off, gro: off, sg: off}}
+{hosts}{run_extra}"""

@@ -11,30 +11,10 @@ from pathlib import Path
 
 from sqlalchemy import text
 
-from tests.lab.conftest import run_lab_plan
+from tests.lab.conftest import one_flow_plan, run_lab_plan
 
-PLAN = """
-version: 1
-name: cpuguard
-description: a short bulk flow while every core spins (G-CPULOAD)
-roles: [client, aqm, server]
-tags: [smoke]
-repetitions: 1
-seed: 1
-run:
-  duration: 3s
-  mtu: 1500
-  bottleneck:
-    at: {host: aqm, toward: client}
-    rate: 20mbit
-    queue: {kind: pfifo, limit: 30}
-  traffic: {tool: iperf3, src: server, dst: client, cc: cubic, flows: 1, base_port: 5201}
-  hosts:
-    all:
-      offloads: {tso: off, gso: off, gro: off, sg: off}
-  captures: []
-  analysis: {warmup: 1s}
-"""
+PLAN = one_flow_plan("cpuguard", "a short bulk flow while every core spins (G-CPULOAD)", duration="3s",
+                     run_extra="  captures: []\n  analysis: {warmup: 1s}\n")
 
 
 def test_saturated_machine_flags_the_run(lab, tmp_path: Path) -> None:

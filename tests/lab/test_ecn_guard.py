@@ -12,32 +12,11 @@ from orchestrator.engine.written import flag_written_run, handshake_ecn_counts
 from orchestrator.ingest.assemble import reassemble
 from orchestrator.storage.db import open_db
 from orchestrator.storage.ingest import write_run
-from tests.lab.conftest import run_lab_plan
+from tests.lab.conftest import one_flow_plan, run_lab_plan
 
-PLAN = """
-version: 1
-name: ecn-RECEIVER
-description: ECN requested by the sender; the receiver's tcp_ecn is RECEIVER
-roles: [client, aqm, server]
-tags: [smoke]
-repetitions: 1
-seed: 1
-run:
-  duration: 2s
-  mtu: 1500
-  bottleneck:
-    at: {host: aqm, toward: client}
-    rate: 20mbit
-    queue: {kind: pfifo, limit: 30}
-  traffic: {tool: iperf3, src: server, dst: client, cc: cubic, flows: 1, base_port: 5201}
-  hosts:
-    all:
-      offloads: {tso: off, gso: off, gro: off, sg: off}
-    server:
-      sysctls: {net.ipv4.tcp_ecn: 1, net.ipv4.tcp_ecn_fallback: 0}
-    client:
-      sysctls: {net.ipv4.tcp_ecn: RECEIVER}
-"""
+PLAN = one_flow_plan("ecn-RECEIVER", "ECN requested by the sender; the receiver's tcp_ecn is RECEIVER",
+                     hosts="    server:\n      sysctls: {net.ipv4.tcp_ecn: 1, net.ipv4.tcp_ecn_fallback: 0}\n"
+                           "    client:\n      sysctls: {net.ipv4.tcp_ecn: RECEIVER}\n")
 
 
 def _run(lab, tmp_path: Path, receiver: int):
