@@ -146,7 +146,8 @@ def assemble(spec: RunSpec, run_row: dict, plan_row: dict | None, run_dir: Path,
     # guards on what was measured (M-DROP, G-NETEM/G-HTB post, G-CC post): here, so a re-ingest redoes them
     post = [str(f) for host, iface, arr in qdisc for f in guards.qdisc_findings(spec, host, iface, arr)]
     ports = {r["flow_id"]: r.get("src_port") for r in flow_rows}
-    post += [str(f) for host, arr in ss for f in guards.ss_cc_findings(spec, host, arr, ports)]
+    post += [str(f) for host, arr in ss for check in (guards.ss_cc_findings, guards.ss_sockbuf_findings)
+             for f in check(spec, host, arr, ports)]
     run_row = {**run_row, "flags": list(dict.fromkeys([*run_row.get("flags", []), *post]))}
     conns = ConnRegistry()
     qd, pairs = paired_qdelay(spec, flow_rows, captures, conns)

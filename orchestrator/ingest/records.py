@@ -84,6 +84,7 @@ SS_SAMPLE = np.dtype([
     ("retrans", "i8"), ("retrans_total", "i8"),
     ("dctcp_alpha", "f8"), ("dctcp_ab_ecn", "i8"), ("dctcp_ab_tot", "i8"),
     ("bbr_bw_bit", "i8"), ("bbr_mrtt_us", "i8"), ("bbr_pacing_gain", "f8"), ("bbr_cwnd_gain", "f8"),
+    ("busy_ms", "i8"), ("rwnd_limited_ms", "i8"), ("sndbuf_limited_ms", "i8"),   # TCP_INFO chrono, 0 if absent
 ])
 SS_NULLABLE = ("ssthresh", "rtt_us", "rttvar_us", "minrtt_us", "delivery_rate_bit", "pacing_rate_bit",
                "dctcp_alpha", "dctcp_ab_ecn", "dctcp_ab_tot", "bbr_bw_bit", "bbr_mrtt_us", "bbr_pacing_gain",

@@ -19,6 +19,8 @@ Units and conventions of the rows:
   congestion control (or DCTCP in fallback mode, i.e. without ECN);
 - dctcp_alpha is stored as a fraction 0..1: the kernel reports dctcp_alpha scaled by
   DCTCP_MAX_ALPHA = 1024 (net/ipv4/tcp_dctcp.c), and ss prints that integer; alpha = value / 1024.
+- busy_ms, rwnd_limited_ms, sndbuf_limited_ms: the socket's TCP_INFO chrono times so far (ss prints
+  `busy:Nms`, then `rwnd_limited:Nms(P%)` and `sndbuf_limited:Nms(P%)` only when non-zero): absent = 0;
 - retrans is the `retrans:a/b` pair's a (segments retransmitted and not yet acknowledged),
   retrans_total its b (retransmissions over the socket's life).
 Addresses are normalised as in tcp_probe.py: IPv4-mapped IPv6 -> dotted IPv4, `%scope` dropped.
@@ -164,4 +166,13 @@ def _row(ts: int, sock: tuple[int, str, str], no: int, info: str) -> tuple:
         _ms_to_us(bbr.group(2)) if bbr else -1,
         float(bbr.group(3)) if bbr and bbr.group(3) else nan,
         float(bbr.group(4)) if bbr and bbr.group(4) else nan,
+        *(_chrono_ms(no, info, items.get(k, "0ms")) for k in ("busy", "rwnd_limited", "sndbuf_limited")),
     )
+
+
+def _chrono_ms(no: int, info: str, value: str) -> int:
+    """`busy:1172ms`, `rwnd_limited:40ms(3.4%)` -> ms (ss prints the kernel's µs / 1000)."""
+    m = re.match(r"(\d+)ms(?:\(|$)", value)
+    if m is None:
+        raise SsFormatError(no, info, f"chrono time {value!r} is not '<n>ms' or '<n>ms(<p>%)'")
+    return int(m.group(1))

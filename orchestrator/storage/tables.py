@@ -236,6 +236,9 @@ ss_sample = Table(
     Column("bbr_mrtt_us", BigInteger, nullable=True),
     Column("bbr_pacing_gain", Float, nullable=True),
     Column("bbr_cwnd_gain", Float, nullable=True),
+    # TCP_INFO busy / rwnd_limited / sndbuf_limited time so far (G-SOCKBUF post); ss prints them only when > 0
+    *(Column(c, BigInteger, nullable=False, server_default="0")
+      for c in ("busy_ms", "rwnd_limited_ms", "sndbuf_limited_ms")),
 )
 
 iperf_interval = Table(

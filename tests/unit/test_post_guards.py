@@ -115,3 +115,31 @@ def test_ecn_findings_judge_only_flows_that_asked_for_ecn():
     assert len(guards.ecn_findings(spec, rows[:1], plain)) == 1               # the same packets, ECN asked
     late = [_counts("aqm:to-server", 40000, 5201, data=1000, data_ect=990)]  # capture began after the handshake
     assert guards.ecn_findings(spec, rows, late) == []
+
+
+def _ss(name: str):
+    return parse_ss((ROOT / "tests" / "fixtures" / "ss" / f"{name}.txt").read_text())
+
+
+def test_ss_chrono_times_are_parsed_and_accumulate():
+    snd = _ss("ss_sndbuf_limited")
+    data = snd[snd["bytes_sent"] == snd["bytes_sent"].max()]["sport"][0]
+    mine = snd[snd["sport"] == data]
+    assert mine["busy_ms"].tolist() == [404, 904, 1404, 1904]          # literal `busy:404ms` ... in the fixture
+    assert mine["sndbuf_limited_ms"].tolist() == [128, 408, 696, 988]  # `sndbuf_limited:128ms(31.7%)` ...
+    assert not mine["rwnd_limited_ms"].any()
+    rwnd = _ss("ss_rwnd_limited")
+    assert rwnd["rwnd_limited_ms"].max() == 1712 and not rwnd["sndbuf_limited_ms"].any()
+    assert not _ss("ss_cubic")["sndbuf_limited_ms"].any()               # ss prints them only when non-zero
+
+
+def test_sockbuf_post_names_the_buffer_that_limited_the_flow():
+    spec = _ss_spec("cubic", 5201)
+    [snd] = guards.ss_sockbuf_findings(spec, "server", _ss("ss_sndbuf_limited"), {0: None})
+    assert str(snd).startswith("G-SOCKBUF host server: flow 0 (port ")
+    assert snd.message.endswith("was limited by its send buffer for 52% of its busy time (988 of 1904 ms): the "
+                                "socket, not the network; raise tcp_wmem on server")
+    [rwnd] = guards.ss_sockbuf_findings(spec, "server", _ss("ss_rwnd_limited"), {0: None})
+    assert "the receiver's window for 90% of its busy time (1712 of 1896 ms)" in rwnd.message
+    assert rwnd.message.endswith("raise tcp_rmem on client")
+    assert guards.ss_sockbuf_findings(_ss_spec("cubic", 5311), "server", _ss("ss_cubic"), {0: None}) == []
