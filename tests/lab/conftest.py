@@ -100,13 +100,13 @@ def run_plan_quietly(plan: Path, db_url: str, state_dir: Path, results: Path,
     return rc, out.getvalue()
 
 
-def run_lab_plan(plan: Path, state_dir: Path, tmp_path: Path):
-    """Run a plan that must succeed into a fresh SQLite DB under tmp_path; prints the run table and returns
-    the DB's engine."""
+def run_lab_plan(plan: Path, state_dir: Path, tmp_path: Path, force: bool = False):
+    """Run a plan that must succeed into a SQLite DB under tmp_path (fresh, or its runs replaced with
+    `force`); prints the run table and returns the DB's engine."""
     from orchestrator.storage.db import open_db
 
     url = f"sqlite:///{tmp_path / 'lab.db'}"
-    rc, out = run_plan_quietly(plan, url, state_dir, tmp_path / "results")
+    rc, out = run_plan_quietly(plan, url, state_dir, tmp_path / "results", force=force)
     print(out)
     assert rc == 0, out
     return open_db(url)
@@ -122,15 +122,9 @@ def run_lab_plan_unloaded(plan: Path, state_dir: Path, tmp_path: Path, attempts:
 
     from sqlalchemy import text
 
-    from orchestrator.storage.db import open_db
-
-    url = f"sqlite:///{tmp_path / 'lab.db'}"
     loaded: list[str] = []
     for attempt in range(attempts):
-        rc, out = run_plan_quietly(plan, url, state_dir, tmp_path / "results", force=attempt > 0)
-        print(out)
-        assert rc == 0, out
-        db = open_db(url)
+        db = run_lab_plan(plan, state_dir, tmp_path, force=attempt > 0)
         with db.connect() as conn:
             flags = [(r.run_id, f) for r in conn.execute(text("SELECT run_id, flags FROM run"))
                      for f in json.loads(r.flags) if f.startswith("G-CPULOAD")]
