@@ -42,6 +42,7 @@ class TaskRunner:
         self.run_dir = run_dir
         self.state = "scheduled"
         self.detail = ""
+        self.guard: str | None = None   # the guard a remark on a finished task belongs to
         self.meta: dict[str, Any] = {}
         self.stop_event = asyncio.Event()
 
@@ -69,7 +70,8 @@ class TaskRunner:
         return [(path, self.artifact_kind or self.kind)] if self.out_name and path.exists() else []
 
     def status(self) -> protocol.TaskStatus:
-        return protocol.TaskStatus(task_id=self.task_id, kind=self.kind, state=self.state, detail=self.detail)
+        return protocol.TaskStatus(task_id=self.task_id, kind=self.kind, state=self.state, detail=self.detail,
+                                   guard=self.guard)
 
 
 class _ProcessTask(TaskRunner):
@@ -182,7 +184,8 @@ class Capture(TaskRunner):
                           **parse_capture_stats(rest)})
         lost = self.meta.get("received_by_filter", 0) - self.meta.get("captured", 0)
         if self.meta.get("dropped_by_kernel", 0) > 0 or lost > 0:
-            self.detail = (f"capture incomplete (G-CAPTURE): {self.meta.get('dropped_by_kernel', 0)} dropped by "
+            self.guard = "G-CAPTURE"
+            self.detail = (f"capture incomplete: {self.meta.get('dropped_by_kernel', 0)} dropped by "
                            f"kernel, {max(lost, 0)} received but not written")
 
 

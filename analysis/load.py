@@ -16,6 +16,7 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from orchestrator.guards.flag import Flag
 from orchestrator.ingest import records
 from orchestrator.plan.runspec import LinkRef
 from orchestrator.storage import tables as T
@@ -205,7 +206,7 @@ def list_runs(conn: Connection, run_ids: Iterable[str] | None = None) -> list[Ru
                                     capture_point=point, bottleneck=link, plan_name=row.plan_name,
                                     experiment=row.experiment, repetition=row.repetition,
                                     tags=tuple(str(t) for t in row.tags or ()), spec=dict(row.spec or {}),
-                                    flags=tuple(str(f) for f in row.flags or ()))
+                                    flags=tuple(str(Flag.from_stored(f)) for f in row.flags or ()))
     if run_ids is None:
         return list(metas.values())
     missing = [i for i in wanted if i not in metas]

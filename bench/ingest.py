@@ -69,7 +69,7 @@ def ingest_child(pcap: Path, url: str, one_core: int | None = None) -> None:
 
     from orchestrator.ingest.pcap import PcapReader, decoder_kind
     from orchestrator.storage.db import open_db
-    from orchestrator.storage.ingest import RunIngest, write_run
+    from orchestrator.storage.writer import RunIngest, write_run
 
     engine = open_db(url)
     with engine.connect() as conn:   # the pool hands this one connection to write_run

@@ -11,7 +11,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from pydantic import BaseModel
 from websockets.asyncio.client import ClientConnection, connect, unix_connect
@@ -49,8 +49,8 @@ class AgentClient:
         if greeting["event"] != "challenge":
             raise AgentError(self.host, "hello", "protocol", "agent did not send a challenge", None)
         mac = hmac.new(self.token, bytes.fromhex(greeting["data"]["nonce"]), hashlib.sha256).hexdigest()
-        result = await self.call("hello", protocol.HelloArgs(client=client_name, hmac=mac))
-        self.hello = protocol.HelloResult.model_validate(result)
+        self.hello = cast(protocol.HelloResult,
+                          await self.call("hello", protocol.HelloArgs(client=client_name, hmac=mac)))
         return self.hello
 
     async def close(self) -> None:
@@ -62,8 +62,9 @@ class AgentClient:
             await self.ws.close()
             self.ws = None
 
-    async def call(self, op: str, args: BaseModel, sink: Path | None = None) -> dict[str, Any]:
-        """Send one request and wait for its reply; artifact frames in between are written to `sink`."""
+    async def call(self, op: str, args: BaseModel, sink: Path | None = None) -> BaseModel:
+        """Send one request and wait for its reply, returned as the op's result model (schemas/protocol.py
+        RESULTS); artifact frames in between are written to `sink`. The typed ops below are what callers use."""
         assert self.ws is not None, "connect() first"
         self._next_id += 1
         req = {"id": self._next_id, "op": op, "args": args.model_dump(mode="json")}
@@ -83,7 +84,28 @@ class AgentClient:
                 err = msg["error"]
                 raise AgentError(self.host, op, err["code"], err["message"], err.get("field"))
             check_result(op, msg["result"])
-            return msg["result"]
+            return protocol.RESULTS[op].model_validate(msg["result"])
+
+    async def apply(self, args: protocol.ApplyArgs) -> protocol.ApplyResult:
+        return cast(protocol.ApplyResult, await self.call("apply", args))
+
+    async def schedule(self, args: protocol.ScheduleArgs) -> protocol.ScheduleResult:
+        return cast(protocol.ScheduleResult, await self.call("schedule", args))
+
+    async def collect(self, args: protocol.CollectArgs, sink: Path) -> protocol.CollectResult:
+        return cast(protocol.CollectResult, await self.call("collect", args, sink=sink))
+
+    async def status(self) -> protocol.StatusResult:
+        return cast(protocol.StatusResult, await self.call("status", protocol.Empty()))
+
+    async def stop(self) -> protocol.StatusResult:
+        return cast(protocol.StatusResult, await self.call("stop", protocol.Empty()))
+
+    async def reset(self) -> protocol.ResetResult:
+        return cast(protocol.ResetResult, await self.call("reset", protocol.Empty()))
+
+    async def clock(self, t1_ns: int) -> protocol.ClockResult:
+        return cast(protocol.ClockResult, await self.call("clock", protocol.ClockArgs(t1_ns=t1_ns)))
 
     async def _receive_artifact(self, info: dict, sink: Path | None) -> None:
         assert self.ws is not None
@@ -112,10 +134,10 @@ class AgentClient:
         best: tuple[int, int] | None = None
         for _ in range(samples):
             t1 = time.time_ns()
-            r = await self.call("clock", protocol.ClockArgs(t1_ns=t1))
+            r = await self.clock(t1)
             t4 = time.time_ns()
-            rtt = (t4 - t1) - (r["t3_ns"] - r["t2_ns"])
-            offset = ((r["t2_ns"] - t1) + (r["t3_ns"] - t4)) // 2
+            rtt = (t4 - t1) - (r.t3_ns - r.t2_ns)
+            offset = ((r.t2_ns - t1) + (r.t3_ns - t4)) // 2
             if best is None or rtt < best[1]:
                 best = (offset, rtt)
         assert best is not None

@@ -109,7 +109,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from orchestrator.engine.campaign import run_plan
+    from orchestrator.engine.plan_run import run_plan
 
     return asyncio.run(run_plan(args.plan, db_url=args.db, inventory=args.inventory,
                                 results=args.results, force=args.force, console=console,
@@ -174,19 +174,22 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    from orchestrator.engine.written import flag_written_run
-    from orchestrator.ingest.assemble import reassemble
+    from orchestrator.guards.finalise import finalise_run
+    from orchestrator.ingest.record import RunRecord
     from orchestrator.storage.db import open_db
-    from orchestrator.storage.ingest import write_run
 
     db = open_db(args.db)
+    failed = 0
     for run_dir in args.run_dirs:
-        ingest = reassemble(run_dir)
-        counts = write_run(db, ingest)
-        console.print(f"{run_dir.name}: " + ", ".join(f"{k} {v}" for k, v in vars(counts).items() if v))
-        for flag in [*ingest.run["flags"], *flag_written_run(db, ingest)]:
-            console.print(f"[yellow]flag[/yellow] {run_dir.name}: {flag}")
-    return 0
+        outcome = finalise_run(db, run_dir, RunRecord.load(run_dir))
+        console.print(f"{run_dir.name}: {outcome.status}, " + ", ".join(f"{k} {v}" for k, v in outcome.counts.items()
+                                                                         if v))
+        if outcome.error:
+            failed += 1
+            console.print(f"[red]{run_dir.name}[/red]: {outcome.error}", markup=True)
+        for flag in outcome.flags:
+            console.print(f"flag {run_dir.name}: {flag}", style="yellow", markup=False)
+    return 1 if failed else 0
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -216,6 +216,8 @@ class TaskStatus(_Msg):
     kind: str
     state: Literal["scheduled", "running", "done", "failed"]
     detail: str = ""
+    guard: str | None = Field(default=None, pattern=r"^G-[A-Z0-9]+$",
+                              description="the guard a remark on a finished task belongs to (G-CAPTURE)")
 
 
 class StatusResult(_Msg):

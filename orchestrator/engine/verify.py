@@ -9,6 +9,7 @@ import re
 
 from agents.host.argv import OFFLOAD_LONG_NAMES
 from agents.host.ethtool import permanent_neighbours
+from orchestrator.guards.flag import Flag
 from orchestrator.plan.runspec import RunSpec
 from schemas import protocol
 from schemas.hoststate import (
@@ -192,21 +193,23 @@ def nic_differences(dev: str, want: InterfaceState, irb: protocol.InterfaceReadb
     return diffs
 
 
-def nic_notes(desired: HostState, rb: protocol.Readback) -> list[str]:
-    """Requests held only because the driver lacks the mechanism: listed in the run record (G-SYSCTL)."""
-    notes = []
+def nic_flags(role: str, desired: HostState, rb: protocol.Readback) -> list[Flag]:
+    """Requests held only because the driver lacks the mechanism (G-NIC): coalescing or pause frames asked
+    off on a driver that has neither (veth, virtio) -- satisfied, and said so in the run record."""
+    flags = []
     for dev, want in desired.interfaces.items():
         irb = rb.interfaces.get(dev)
         if irb is None:
             continue
         absent = sorted(k for k in want.coalesce if k not in (irb.coalesce or {}))
         if absent:
-            notes.append(f"{dev}: coalescing {', '.join(absent)} off by absence (driver {irb.driver or '?'}: "
-                         f"{irb.unsupported.get('coalesce', 'no such parameter')})")
+            flags.append(Flag(guard="G-NIC", host=role, message=f"{dev}: coalescing {', '.join(absent)} off by "
+                              f"absence (driver {irb.driver or '?'}: "
+                              f"{irb.unsupported.get('coalesce', 'no such parameter')})"))
         if want.pause and irb.pause is None:
-            notes.append(f"{dev}: pause frames off by absence (driver {irb.driver or '?'}: "
-                         f"{irb.unsupported.get('pause', '?')})")
-    return notes
+            flags.append(Flag(guard="G-NIC", host=role, message=f"{dev}: pause frames off by absence (driver "
+                              f"{irb.driver or '?'}: {irb.unsupported.get('pause', '?')})"))
+    return flags
 
 
 def readback_differences(desired: HostState, rb: protocol.Readback) -> list[str]:

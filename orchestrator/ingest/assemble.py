@@ -1,7 +1,8 @@
 """Turn one run's collected artifacts (results/<run-id>/<host>/...) into a RunIngest for the DB.
 
-Pure apart from reading the files: parsers produce numpy arrays (records.py layouts); this module
-routes each artifact to its parser and labels rows with host / capture point / flow. Captures are not
+Pure apart from reading the files, and nothing but parsing and routing: parsers produce numpy arrays
+(records.py layouts); this module routes each artifact to its parser and labels rows with host / capture
+point / flow. Judging what was measured is the guards' business (orchestrator/guards/finalise.py). Captures are not
 read here but handed over as streaming PcapReaders (the writer reads them chunk by chunk), except for
 the per-packet queue delay: where a host captured both toward a flow's sender and toward its
 receiver (the aqm), the data direction of both captures is streamed (narrow columns) and paired in
@@ -10,9 +11,7 @@ windows (orchestrator/ingest/qdelay_stream.py), its rows spooled to a temporary 
 from __future__ import annotations
 
 import csv
-import datetime as dt
 import io
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,16 +19,17 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.engine import guards
 from orchestrator.ingest import addr, qdelay, records
 from orchestrator.ingest.conns import ConnRegistry
+from orchestrator.ingest.cpu import CpuSamples, parse_cpu
 from orchestrator.ingest.iperf3 import parse_iperf3
 from orchestrator.ingest.pcap import PcapReader
 from orchestrator.ingest.qdelay_stream import pair_stream
+from orchestrator.ingest.record import RunRecord
 from orchestrator.ingest.ss import parse_ss
 from orchestrator.ingest.tcp_probe import parse_tcp_probe
 from orchestrator.plan.runspec import RunSpec
-from orchestrator.storage.ingest import RunIngest
+from orchestrator.storage.writer import RunIngest
 
 
 def parse_qdisc_csv(text: str) -> np.ndarray:
@@ -109,15 +109,15 @@ class ArtifactError(ValueError):
     """An artifact the parsers refuse: names the host/file and, through the parser, the line and why."""
 
 
-def assemble(spec: RunSpec, run_row: dict, plan_row: dict | None, run_dir: Path,
-             artifacts: dict[str, list[dict]], evidence: list[dict], flow_rows: list[dict],
-             point_names: dict[tuple[str, str], str]) -> RunIngest:
-    """artifacts: host -> list of ArtifactInfo dicts as the agents announced them."""
+def assemble(spec: RunSpec, record: RunRecord, run_dir: Path) -> RunIngest:
+    """The RunIngest of a complete run: every artifact the agents announced, parsed and labelled. Raises
+    ArtifactError naming the host, file and (through the parser) the line a parser refused."""
+    flow_rows, point_names = record.flows, record.points
     probes, qdisc, iperf, ss, art_rows = [], [], [], [], []
     captures: list[_Capture] = []
     extra: dict[str, dict] = {}
     port_to_flow = {f.port: f.flow_id for f in spec.flows}
-    for host, infos in artifacts.items():
+    for host, infos in record.artifacts.items():
         for info in infos:
             path = run_dir / host / info["name"]
             art_rows.append({"host": host, "name": info["name"], "kind": info["kind"],
@@ -143,16 +143,10 @@ def assemble(spec: RunSpec, run_row: dict, plan_row: dict | None, run_dir: Path,
                     iperf.append((port_to_flow[port], result.intervals))
             except ValueError as exc:  # a parser's format error names the line and why; add the file
                 raise ArtifactError(f"{host}/{info['name']}: {exc}") from exc
-    # guards on what was measured (M-DROP, G-NETEM/G-HTB post, G-CC post): here, so a re-ingest redoes them
-    post = [str(f) for host, iface, arr in qdisc for f in guards.qdisc_findings(spec, host, iface, arr)]
-    ports = {r["flow_id"]: r.get("src_port") for r in flow_rows}
-    post += [str(f) for host, arr in ss for check in (guards.ss_cc_findings, guards.ss_sockbuf_findings)
-             for f in check(spec, host, arr, ports)]
-    run_row = {**run_row, "flags": list(dict.fromkeys([*run_row.get("flags", []), *post]))}
     conns = ConnRegistry()
     qd, pairs = paired_qdelay(spec, flow_rows, captures, conns)
     packets = [(c.label, PcapReader(c.path, c.point_id)) for c in captures]
-    return RunIngest(run=run_row, plan=plan_row, flows=flow_rows, artifacts=art_rows, evidence=evidence,
+    return RunIngest(run=record.run, plan=record.plan, flows=flow_rows, artifacts=art_rows, evidence=record.evidence,
                      packets=packets, capture_points=extra, conns=conns, qdelay=qd, qdelay_pairs=pairs,
                      tcp_probe=probes, qdisc_samples=qdisc, ss_samples=ss, iperf_intervals=iperf)
 
@@ -167,36 +161,12 @@ def sender_ports(run_dir: Path, spec: RunSpec) -> dict[int, int | None]:
     return out
 
 
-INGEST_FILE = "ingest.json"
-
-
-def save_ingest_inputs(run_dir: Path, run_row: dict, plan_row: dict | None, flow_rows: list[dict],
-                       evidence: list[dict], artifacts: dict[str, list[dict]],
-                       points: dict[tuple[str, str], str]) -> None:
-    """Everything besides the artifact files that ingest needs, so the DB can be rebuilt from disk."""
-    doc = {"run": run_row, "plan": plan_row, "flows": flow_rows, "evidence": evidence, "artifacts": artifacts,
-           "points": [[h, i, p] for (h, i), p in points.items()]}
-    (run_dir / INGEST_FILE).write_text(json.dumps(doc, indent=1, default=_iso))
-
-
-def _iso(value: Any) -> str:
-    if isinstance(value, dt.datetime):
-        return value.isoformat()
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
-
-
-def reassemble(run_dir: Path) -> RunIngest:
-    """Rebuild a run's RunIngest from results/<run-id>/ (the artifacts plus ingest.json)."""
-    doc = json.loads((run_dir / INGEST_FILE).read_text())
-    spec = RunSpec.model_validate(doc["run"]["spec"])
-    run_row = dict(doc["run"])
-    for key in ("started_at", "finished_at"):
-        if run_row.get(key):
-            run_row[key] = dt.datetime.fromisoformat(run_row[key])
-    plan_row = dict(doc["plan"]) if doc["plan"] else None
-    if plan_row and plan_row.get("created_at"):
-        plan_row["created_at"] = dt.datetime.fromisoformat(plan_row["created_at"])
-    points = {(h, i): p for h, i, p in doc["points"]}
-    if run_row["status"] != "complete":
-        return RunIngest(run=run_row, plan=plan_row, flows=doc["flows"], evidence=doc["evidence"])
-    return assemble(spec, run_row, plan_row, run_dir, doc["artifacts"], doc["evidence"], doc["flows"], points)
+def cpu_samples(record: RunRecord, run_dir: Path) -> Iterator[tuple[str, str, CpuSamples | ValueError | OSError]]:
+    """(host, artifact name, parsed samples or the reason they cannot be read) of every cpu_load artifact;
+    read apart from `assemble` because a failed run's CPU load is worth judging too."""
+    for host, infos in record.artifacts.items():
+        for info in (i for i in infos if i["kind"] == "cpu"):
+            try:
+                yield host, info["name"], parse_cpu((run_dir / host / info["name"]).read_text())
+            except (OSError, ValueError) as exc:
+                yield host, info["name"], exc

@@ -12,7 +12,7 @@ from dbdata import make_run_ingest
 from sqlalchemy import Engine
 
 from orchestrator.storage.db import open_db
-from orchestrator.storage.ingest import RunIngest
+from orchestrator.storage.writer import RunIngest
 
 
 @pytest.fixture

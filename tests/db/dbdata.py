@@ -15,7 +15,7 @@ from orchestrator.ingest import addr, records
 from orchestrator.ingest.conns import ConnRegistry
 from orchestrator.ingest.ss import parse_ss
 from orchestrator.storage import tables
-from orchestrator.storage.ingest import RunIngest
+from orchestrator.storage.writer import RunIngest
 
 PLAN_SHA = "a" * 64
 T0_NS = 1_732_170_000_000_000_000

@@ -1,4 +1,4 @@
-"""orchestrator.storage.ingest: one-transaction writes, replace on re-ingest, rollback, bulk loads."""
+"""orchestrator.storage.writer: one-transaction writes, replace on re-ingest, rollback, bulk loads."""
 from __future__ import annotations
 
 import dataclasses
@@ -22,7 +22,7 @@ from sqlalchemy import select, text
 from orchestrator.ingest import records
 from orchestrator.storage import bulk, pgcopy, tables
 from orchestrator.storage.db import open_db
-from orchestrator.storage.ingest import (
+from orchestrator.storage.writer import (
     IngestCounts,
     IngestError,
     RunIngest,

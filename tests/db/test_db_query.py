@@ -9,8 +9,8 @@ import re
 import pytest
 from dbdata import make_run_ingest, snapshot
 
-from orchestrator.storage.ingest import write_run
 from orchestrator.storage.query import QueryError, format_rows, run_query
+from orchestrator.storage.writer import write_run
 
 WRITES = [
     "DELETE FROM run",

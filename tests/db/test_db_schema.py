@@ -1,6 +1,7 @@
 """orchestrator.storage.db and the Alembic migrations: the migrated schema is exactly tables.py."""
 from __future__ import annotations
 
+import json
 import multiprocessing
 import sqlite3
 
@@ -12,6 +13,7 @@ from alembic.runtime.migration import MigrationContext
 from dbdata import plan_row
 from sqlalchemy import BigInteger, Column, Float, Integer, MetaData, SmallInteger, String, inspect, text
 
+from orchestrator.guards.flag import Flag
 from orchestrator.ingest import records
 from orchestrator.storage import tables
 from orchestrator.storage.db import (
@@ -22,7 +24,7 @@ from orchestrator.storage.db import (
     normalize_url,
     open_db,
 )
-from orchestrator.storage.ingest import BULK_LAYOUTS, BulkLayout
+from orchestrator.storage.writer import BULK_LAYOUTS, BulkLayout
 
 
 def test_migrated_schema_equals_metadata(engine) -> None:
@@ -30,7 +32,7 @@ def test_migrated_schema_equals_metadata(engine) -> None:
         ctx = MigrationContext.configure(conn, opts={"compare_type": True, "compare_server_default": True})
         diff = compare_metadata(ctx, tables.metadata)
     assert diff == []
-    assert current_revision(engine) == head_revision() == "0004"
+    assert current_revision(engine) == head_revision() == "0005"
     names = set(inspect(engine).get_table_names())
     assert names == set(tables.metadata.tables) | {"alembic_version"}
 
@@ -193,3 +195,34 @@ def test_record_dtypes_fit_their_columns() -> None:
             else:
                 assert field.kind == "U" and isinstance(col, String), (layout.table.name, name)
                 assert field.itemsize // 4 == col.length, (layout.table.name, name)
+
+
+LINES = ["accepted G-NETEM host aqm: netem on the interface toward client holds 5 packets",
+         "G-CPULOAD host client+aqm+server: cpu1 was > 90% busy for 82% of the measurement window",
+         "client/capture-to-aqm: capture incomplete (G-CAPTURE): 0 dropped by kernel, 87 received but not written",
+         "aqm: reset left sysctl net.ipv4.tcp_ecn: '1' != '0'",
+         "client: to-aqm: coalescing rx-usecs off by absence (driver veth: no such parameter)"]
+
+
+def test_flag_lines_become_objects_and_back(engine) -> None:
+    """Migration 0005 on runs stored before flags were values: every line format becomes one object."""
+    with engine.begin() as conn:
+        command.downgrade(alembic_config(conn), "0004")
+        conn.execute(tables.plan.insert(), plan_row())
+        conn.execute(text("INSERT INTO run (run_key, run_id, plan_sha256, plan_name, experiment, repetition, seed, "
+                          "status, params, derived, spec, tags, duration_s, flags) VALUES (1, 'r', :sha, 'p', 'e', "
+                          "0, 0, 'complete', '{}', '{}', '{}', '[]', 1.0, :flags)"),
+                     {"sha": plan_row()["plan_sha256"], "flags": json.dumps(LINES)})
+        command.upgrade(alembic_config(conn), "0005")
+        flags = conn.execute(text("SELECT flags FROM run")).scalar_one()
+    flags = json.loads(flags) if isinstance(flags, str) else flags
+    assert [(f["guard"], f.get("host"), f.get("accepted", False)) for f in flags] == [
+        ("G-NETEM", "aqm", True), ("G-CPULOAD", "client+aqm+server", False), ("G-CAPTURE", "client", False),
+        ("G-RESET", "aqm", False), ("G-NIC", "client", False)]
+    assert [str(Flag.from_stored(f)) for f in flags][:2] == LINES[:2]
+    assert [Flag.from_stored(f) for f in flags] == [Flag.from_stored(line) for line in LINES]   # one rule
+    with engine.begin() as conn:
+        command.downgrade(alembic_config(conn), "0004")
+        back = conn.execute(text("SELECT flags FROM run")).scalar_one()
+        command.upgrade(alembic_config(conn), "head")
+    assert (json.loads(back) if isinstance(back, str) else back)[:2] == LINES[:2]

@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from orchestrator.ingest import records
 from orchestrator.storage import tables
-from orchestrator.storage.ingest import write_run
+from orchestrator.storage.writer import write_run
 
 
 def _expected(arr: np.ndarray) -> list[tuple]:

@@ -91,7 +91,7 @@ def run_plan_quietly(plan: Path, db_url: str, state_dir: Path, results: Path,
     from rich.console import Console
     from rich.progress import Progress
 
-    from orchestrator.engine.campaign import run_plan
+    from orchestrator.engine.plan_run import run_plan
 
     out = io.StringIO()
     rc = asyncio.run(run_plan(plan, db_url=db_url, inventory=netns.inventory_path(state_dir), results=results,
@@ -112,22 +112,30 @@ def run_lab_plan(plan: Path, state_dir: Path, tmp_path: Path, force: bool = Fals
     return open_db(url)
 
 
+def stored_flags(db) -> dict:
+    """run_id -> the run's flags as stored (orchestrator.guards.flag.Flag values)."""
+    import json
+
+    from sqlalchemy import text
+
+    from orchestrator.guards.flag import Flag
+
+    with db.connect() as conn:
+        rows = conn.execute(text("SELECT run_id, flags FROM run ORDER BY run_id")).all()
+    return {r.run_id: [Flag.from_stored(f) for f in (json.loads(r.flags) if isinstance(r.flags, str) else r.flags)]
+            for r in rows}
+
+
 def run_lab_plan_unloaded(plan: Path, state_dir: Path, tmp_path: Path, attempts: int = 3):
     """run_lab_plan for tests that check numbers against physics: the lab machine is shared (CI, other
     sessions), so a run the framework flags G-CPULOAD -- a core of the hosts' machine saturated during the
     measurement window, so the machine and not the network may have set the numbers -- is run again, up to
     `attempts` times. If every attempt is flagged the test is skipped with the guard's findings as the reason:
     the framework itself declared the numbers invalid, so they can be neither passed nor failed."""
-    import json
-
-    from sqlalchemy import text
-
     loaded: list[str] = []
     for attempt in range(attempts):
         db = run_lab_plan(plan, state_dir, tmp_path, force=attempt > 0)
-        with db.connect() as conn:
-            flags = [(r.run_id, f) for r in conn.execute(text("SELECT run_id, flags FROM run"))
-                     for f in json.loads(r.flags) if f.startswith("G-CPULOAD")]
+        flags = [(run, f) for run, fs in stored_flags(db).items() for f in fs if f.guard == "G-CPULOAD"]
         if not flags:
             return db
         loaded = [f"{run}: {f}" for run, f in flags]

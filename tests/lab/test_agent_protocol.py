@@ -73,9 +73,9 @@ def test_apply_refuses_interfaces_off_the_allow_list_and_unknown_sysctls(lab):
         client = AgentClient("client", inv.hosts["client"].agent, inv.token)
         await client.connect()
         try:
-            return await client.call("apply", protocol.ApplyArgs(run_id="x", state=state))
+            return await client.apply(protocol.ApplyArgs(run_id="x", state=state))
         finally:
-            await client.call("reset", protocol.Empty())
+            await client.reset()
             await client.close()
 
     with pytest.raises(AgentError) as err:
@@ -107,12 +107,12 @@ def test_apply_reads_back_nic_evidence_module_params_and_neighbours_then_resets_
         client = AgentClient("client", inv.hosts["client"].agent, inv.token)
         hello = await client.connect()
         try:
-            applied = await client.call("apply", protocol.ApplyArgs(run_id="x", state=state))
+            applied = await client.apply(protocol.ApplyArgs(run_id="x", state=state))
             beta_applied = open(beta_path).read().strip()
         finally:
-            reset = await client.call("reset", protocol.Empty())
+            reset = await client.reset()
             await client.close()
-        return hello, protocol.Readback.model_validate(applied["readback"]), beta_applied, reset
+        return hello, applied.readback, beta_applied, reset
 
     hello, rb, beta_applied, reset = run(go())
     assert hello.capabilities.coalesce_params[client_if] == [] and hello.capabilities.pause_frames[client_if] is False
@@ -123,5 +123,5 @@ def test_apply_reads_back_nic_evidence_module_params_and_neighbours_then_resets_
     assert "Operation not supported" in irb.unsupported["coalesce"]
     assert {"dst": peer, "lladdr": "02:00:00:00:00:99", "state": ["PERMANENT"]} in irb.neighbours
     assert rb.uname["release"] and "reno" in rb.congestion_controls["available"]
-    assert reset == {"restored": True, "differences": []}, reset
+    assert reset == protocol.ResetResult(restored=True, differences=[]), reset
     assert open(beta_path).read().strip() == beta_before

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from sqlalchemy import text
 
-from tests.lab.conftest import one_flow_plan, run_lab_plan
+from tests.lab.conftest import one_flow_plan, run_lab_plan, stored_flags
 
 PLAN = one_flow_plan("cpuguard", "a short bulk flow while every core spins (G-CPULOAD)", duration="3s",
                      run_extra="  captures: []\n  analysis: {warmup: 1s}\n")
@@ -31,13 +31,14 @@ def test_saturated_machine_flags_the_run(lab, tmp_path: Path) -> None:
             p.kill()
             p.wait()
     with db.connect() as conn:
-        [run] = conn.execute(text("SELECT run_id, status, flags FROM run")).all()
+        [run] = conn.execute(text("SELECT run_id, status FROM run")).all()
         cpu = conn.execute(text("SELECT host, data FROM host_evidence WHERE phase = 'cpu'")).all()
     assert run.status == "complete"                 # flagged, not failed: the artifacts are still the run's
-    loaded = [f for f in json.loads(run.flags) if f.startswith("G-CPULOAD")]
-    print("\n".join(loaded))
-    assert loaded, json.loads(run.flags)
-    assert all(f.startswith("G-CPULOAD host client+aqm+server: cpu") for f in loaded), loaded
+    [flags] = stored_flags(db).values()
+    loaded = [f for f in flags if f.guard == "G-CPULOAD"]
+    print("\n".join(map(str, loaded)))
+    assert loaded, flags
+    assert all(f.host == "client+aqm+server" and f.message.startswith("cpu") for f in loaded), loaded
     assert len(cpu) == 1                            # one kernel, one sampler
     data = json.loads(cpu[0].data) if isinstance(cpu[0].data, str) else cpu[0].data
     assert sorted(data["shared_by"]) == ["aqm", "client", "server"]

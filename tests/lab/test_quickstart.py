@@ -16,11 +16,12 @@ from rich.progress import Progress
 from sqlalchemy import text
 
 from analysis.summary import run_table
-from orchestrator.engine.campaign import run_plan
-from orchestrator.ingest.assemble import reassemble
+from orchestrator.engine.plan_run import run_plan
+from orchestrator.guards.finalise import finalise_run
+from orchestrator.ingest.record import RunRecord
 from orchestrator.lab import netns
 from orchestrator.storage.db import open_db
-from orchestrator.storage.ingest import write_run
+from tests.lab.conftest import stored_flags
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "experiments" / "quickstart.yaml"
 TABLES = ["run", "flow", "artifact", "host_evidence", "capture_point", "conn", "packet", "qdelay", "qdelay_pair",
@@ -82,9 +83,10 @@ def test_reingest_into_postgres_gives_identical_row_counts(quickstart_db, pg_url
     run_dirs = sorted(p for p in results.iterdir() if (p / "ingest.json").exists())
     assert len(run_dirs) == 8
     for run_dir in run_dirs[:3]:
-        write_run(pg, reassemble(run_dir))
-        write_run(pg, reassemble(run_dir))          # re-ingest replaces, never duplicates
+        first = finalise_run(pg, run_dir, RunRecord.load(run_dir))
+        again = finalise_run(pg, run_dir, RunRecord.load(run_dir))   # re-ingest replaces, never duplicates
         assert counts(pg, run_dir.name) == counts(sqlite, run_dir.name)
+        assert first.flags == again.flags == stored_flags(sqlite)[run_dir.name]   # the guards, recomputed
 
 
 def test_rerun_skips_runs_already_complete(quickstart_db, lab):

@@ -15,11 +15,11 @@ from rich.console import Console
 from rich.progress import Progress
 from sqlalchemy import text
 
-from orchestrator.engine.campaign import run_plan
+from orchestrator.engine.plan_run import run_plan
 from orchestrator.ingest.assemble import ArtifactError, reassemble
 from orchestrator.lab import netns
 from orchestrator.storage.db import open_db
-from orchestrator.storage.ingest import write_run
+from orchestrator.storage.writer import write_run
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "experiments" / "quickstart.yaml"
 

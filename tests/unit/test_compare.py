@@ -15,7 +15,7 @@ from analysis import compare as cmp  # noqa: E402
 from analysis.select import SelectorError, resolve, resolve_all  # noqa: E402
 from orchestrator.cli import main  # noqa: E402
 from orchestrator.storage.db import open_db  # noqa: E402
-from orchestrator.storage.ingest import write_run  # noqa: E402
+from orchestrator.storage.writer import write_run  # noqa: E402
 
 RUNS = [  # run_id, plan, experiment, tags, status
     ("alpha-0", "alpha", "e1", ["smoke", "campaign:nightly"], "complete"),

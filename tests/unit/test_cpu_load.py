@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 
 from agents.tasks import CpuLoad, make_runner
-from orchestrator.engine import guards
-from orchestrator.engine.resolve import kernel_groups, measurement_window, schedule_tasks, timeline
-from orchestrator.engine.runner import cpu_load
+from orchestrator.engine.bind import schedule_tasks, timeline
+from orchestrator.guards import cpu as guards
+from orchestrator.guards.cpu import kernel_groups
+from orchestrator.guards.finalise import cpu_guard, measurement_window
 from orchestrator.ingest.cpu import parse_cpu
+from orchestrator.ingest.record import RunRecord
 from orchestrator.plan.expand import expand
 from orchestrator.plan.loader import load_plan
 from schemas import protocol
@@ -109,24 +111,34 @@ def test_one_sampler_per_kernel() -> None:
 def test_window_starts_after_the_warmup() -> None:
     spec = expand(load_plan(QUICKSTART))[0]
     tl = timeline(spec, 10**18)
-    lo, hi = measurement_window(spec, tl)
+    lo, hi = measurement_window(spec, tl.t0_ns)
     assert lo == tl.t0_ns + int(spec.analysis.warmup_s * 1e9)
     assert tl.start_ns < lo < hi < tl.stop_ns
 
 
-def test_runner_turns_artifacts_into_evidence_and_flags(tmp_path: Path) -> None:
+def _hello(role: str, boot_id: str) -> dict:
+    return {"host": role, "phase": "hello", "data": {"capabilities": {"boot_id": boot_id}}}
+
+
+def test_cpu_guard_turns_artifacts_into_evidence_and_flags(tmp_path: Path) -> None:
+    spec = expand(load_plan(QUICKSTART))[0]
     (tmp_path / "client").mkdir()
     (tmp_path / "client" / "cpu.txt").write_text(SPINNING)
     (tmp_path / "aqm").mkdir()
     (tmp_path / "aqm" / "cpu.txt").write_text(SPINNING.replace("cpu1 ", "cpuX ", 1))
     artifacts = {"client": [{"name": "cpu.txt", "kind": "cpu"}], "aqm": [{"name": "cpu.txt", "kind": "cpu"},
                                                                          {"name": "x.pcap", "kind": "pcap"}]}
-    evidence, flags = cpu_load(tmp_path, artifacts, {"client": ["client", "server"], "aqm": ["aqm"]},
-                               _whole(SPINNING))
+    lo, _ = measurement_window(spec, 0)
+    t0 = _whole(SPINNING)[0] - lo    # the run's window starts with the samples
+    record = RunRecord(run={"run_id": spec.run_id, "status": "complete", "t0_ns": t0}, plan=None, flows=[],
+                       evidence=[_hello("client", "b1"), _hello("server", "b1"), _hello("aqm", "g2")],
+                       artifacts=artifacts)
+    evidence, flags = cpu_guard(spec, record, tmp_path)
     assert [e["host"] for e in evidence] == ["client"]
     assert evidence[0]["phase"] == "cpu" and evidence[0]["data"]["shared_by"] == ["client", "server"]
-    assert flags[0].startswith("G-CPULOAD host client+server: cpu1 was > 90% busy")
-    assert flags[1].startswith("G-CPULOAD host aqm: aqm/cpu.txt unreadable: line 4: 'cpuX")
+    assert [(f.guard, f.host) for f in flags] == [("G-CPULOAD", "client+server"), ("G-CPULOAD", "aqm")]
+    assert str(flags[0]).startswith("G-CPULOAD host client+server: cpu1 was > 90% busy")
+    assert str(flags[1]).startswith("G-CPULOAD host aqm: aqm/cpu.txt unreadable: line 4: 'cpuX")
 
 
 def test_real_sampler_is_bounded_and_parses(tmp_path: Path) -> None:

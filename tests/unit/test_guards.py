@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.engine.guards import clock_findings, pre_run_findings, refusing
+from orchestrator.guards.clock import clock_findings
+from orchestrator.guards.pre_run import pre_run_findings, refusing
 from orchestrator.plan.expand import expand
 from orchestrator.plan.loader import load_plan, load_plan_text
 

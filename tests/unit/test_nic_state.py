@@ -10,7 +10,7 @@ import pytest
 from agents.host import ethtool
 from agents.host.executor import InterfaceSnapshot, Snapshot, snapshot_differences
 from orchestrator.engine import verify
-from orchestrator.engine.resolve import ResolveError, host_states, peer_neighbours
+from orchestrator.engine.bind import BindError, host_states, peer_neighbours
 from orchestrator.inventory import Inventory
 from orchestrator.plan.expand import expand
 from orchestrator.plan.loader import load_plan_text
@@ -105,9 +105,10 @@ def test_off_holds_by_absence_and_is_noted_but_on_does_not():
              unsupported={"coalesce": "netlink error: Operation not supported",
                           "pause": "netlink error: Operation not supported"})
     assert verify.readback_differences(want, rb) == []
-    assert verify.nic_notes(want, rb) == [
-        "to-client: coalescing rx-usecs off by absence (driver veth: netlink error: Operation not supported)",
-        "to-client: pause frames off by absence (driver veth: netlink error: Operation not supported)"]
+    assert [str(f) for f in verify.nic_flags("aqm", want, rb)] == [
+        "G-NIC host aqm: to-client: coalescing rx-usecs off by absence (driver veth: netlink error: Operation not "
+        "supported)",
+        "G-NIC host aqm: to-client: pause frames off by absence (driver veth: netlink error: Operation not supported)"]
     on = HostState(interfaces={"to-client": InterfaceState(coalesce={"rx-usecs": 8}, pause={"rx": True})})
     assert verify.readback_differences(on, rb) == [
         "to-client coalesce rx-usecs: driver veth has none, wanted 8",
@@ -162,7 +163,7 @@ def test_host_states_carry_nic_settings_neighbours_and_module_params():
 
 
 def test_a_peer_without_a_mac_is_an_error_not_a_silent_skip():
-    with pytest.raises(ResolveError, match=r"no MAC for 10\.9\.2\.1 \(peer of aqm to-server\)"):
+    with pytest.raises(BindError, match=r"no MAC for 10\.9\.2\.1 \(peer of aqm to-server\)"):
         peer_neighbours(_inventory(server_mac=""), "aqm", "to-server")
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.engine import guards
+from orchestrator.guards import ecn, qdisc
+from orchestrator.guards import ss as ss_guards
 from orchestrator.ingest.assemble import parse_qdisc_csv
 from orchestrator.ingest.ss import parse_ss
 from orchestrator.plan.expand import expand
@@ -33,12 +34,12 @@ def _red_ecn(netem: str):
 
 def test_drops_in_the_queue_under_test_are_not_flagged():
     # the pfifo dropped 123 packets and htb's own counter shows the same 123: they are the leaf's
-    assert guards.qdisc_findings(_quickstart("reno", "50mbit", 1), "aqm", "to-client",
+    assert qdisc.qdisc_findings(_quickstart("reno", "50mbit", 1), "aqm", "to-client",
                                  _samples("htb50_pfifo100_reno")) == []
 
 
 def test_netem_dropping_above_the_aqm_is_flagged_with_its_own_count():
-    found = guards.qdisc_findings(_red_ecn("    netem_limit: 5\n"), "aqm", "to-client",
+    found = qdisc.qdisc_findings(_red_ecn("    netem_limit: 5\n"), "aqm", "to-client",
                                   _samples("vm61_netem5_htb20_red_ecn"))
     assert [str(f) for f in found] == [
         "G-NETEM host aqm: netem 1: on to-client dropped 292 packets itself, above the queue under test: "
@@ -51,11 +52,11 @@ def test_planned_netem_loss_is_not_a_finding():
     lossy = {t: [s.model_copy(update={"loss": 0.01}) if isinstance(s, Netem) else s for s in c]
              for t, c in aqm.qdiscs.items()}       # the plan asks this host's netem for 1 % loss
     spec = spec.model_copy(update={"hosts": {**spec.hosts, "aqm": aqm.model_copy(update={"qdiscs": lossy})}})
-    assert guards.qdisc_findings(spec, "aqm", "to-client", _samples("vm61_netem5_htb20_red_ecn")) == []
+    assert qdisc.qdisc_findings(spec, "aqm", "to-client", _samples("vm61_netem5_htb20_red_ecn")) == []
 
 
 def test_an_htb_that_never_throttled_a_bulk_run_is_flagged():
-    found = guards.qdisc_findings(_quickstart("reno", "20mbit", 1), "aqm", "to-client",
+    found = qdisc.qdisc_findings(_quickstart("reno", "20mbit", 1), "aqm", "to-client",
                                   _samples("htb20_burst2MB_pfifo_tcp5mbit"))
     assert len(found) == 1 and found[0].guard == "G-HTB"
     assert "htb 1: on to-client carried 3.2 Mbit/s of bulk traffic but never throttled" in found[0].message
@@ -63,13 +64,13 @@ def test_an_htb_that_never_throttled_a_bulk_run_is_flagged():
 
 def test_htb_overlimits_from_bursts_count_as_throttling():
     # below its rate htb still throttles line-rate cwnd bursts: overlimits 78, not a finding
-    assert guards.qdisc_findings(_quickstart("reno", "20mbit", 1), "aqm", "to-client",
+    assert qdisc.qdisc_findings(_quickstart("reno", "20mbit", 1), "aqm", "to-client",
                                  _samples("htb100_pfifo_tcp5mbit")) == []
 
 
 def test_one_sample_or_none_says_nothing():
     spec = _quickstart("reno", "20mbit", 1)
-    assert guards.qdisc_findings(spec, "aqm", "x", _samples("htb100_pfifo_tcp5mbit")[:1]) == []
+    assert qdisc.qdisc_findings(spec, "aqm", "x", _samples("htb100_pfifo_tcp5mbit")[:1]) == []
 
 
 def _ss_spec(cc: str, port: int):
@@ -81,11 +82,11 @@ def _ss_spec(cc: str, port: int):
 def test_ss_shows_the_planned_cc_on_the_data_socket_not_the_control_one():
     ss = parse_ss((ROOT / "tests" / "fixtures" / "ss" / "ss_cubic.txt").read_text())
     # iperf3's control connection (port 59328) ran the namespace's default bbr; the -C cubic stream 59344
-    assert guards.ss_cc_findings(_ss_spec("cubic", 5311), "server", ss, {0: 59344}) == []
-    assert guards.ss_cc_findings(_ss_spec("cubic", 5311), "server", ss, {0: None}) == []   # most bytes sent
-    [f] = guards.ss_cc_findings(_ss_spec("dctcp", 5311), "server", ss, {0: 59344})
+    assert ss_guards.ss_cc_findings(_ss_spec("cubic", 5311), "server", ss, {0: 59344}) == []
+    assert ss_guards.ss_cc_findings(_ss_spec("cubic", 5311), "server", ss, {0: None}) == []   # most bytes sent
+    [f] = ss_guards.ss_cc_findings(_ss_spec("dctcp", 5311), "server", ss, {0: 59344})
     assert str(f) == "G-CC host server: flow 0 (port 59344 -> 5311) ran cubic per ss, the plan says dctcp"
-    assert guards.ss_cc_findings(_ss_spec("cubic", 5399), "server", ss, {0: None}) == []   # not sampled
+    assert ss_guards.ss_cc_findings(_ss_spec("cubic", 5399), "server", ss, {0: None}) == []   # not sampled
 
 
 def _counts(point, sport, dport, **kw):
@@ -101,20 +102,20 @@ def test_ecn_findings_judge_only_flows_that_asked_for_ecn():
           _counts("aqm:to-server", 5201, 40000, synack=1, synack_ece=1),
           _counts("aqm:to-server", 40002, 5202, syn=1, syn_ecn=1, data=900, data_ect=899),
           _counts("aqm:to-server", 5202, 40002, synack=1, synack_ece=1)]
-    assert guards.ecn_findings(spec, rows, ok) == []
+    assert ecn.ecn_findings(spec, rows, ok) == []
     # flow 1's first SYN was dropped and the retry went out without ECE (tcp_ecn_fallback): non-ECT data
     fallback = ok[:2] + [_counts("aqm:to-server", 40002, 5202, syn=2, syn_ecn=1, data=900, data_ect=0),
                          _counts("aqm:to-server", 5202, 40002, synack=1, synack_ece=0)]
     fallback[2]["syn_ecn"] = 0
-    [f] = guards.ecn_findings(spec, rows, fallback)
+    [f] = ecn.ecn_findings(spec, rows, fallback)
     assert str(f) == ("G-ECN host server: flow 1 (40002 -> 5202) did not use ECN: its SYN carried no ECE+CWR; the "
                       "SYN-ACK carried no ECE; 0% of its data packets at aqm:to-server were ECN-capable (check "
                       "tcp_ecn on both ends and tcp_ecn_fallback=0)")
     plain = [_counts("aqm:to-server", 40000, 5201, syn=1, data=1000)]
-    assert guards.ecn_findings(reno, rows[:1], plain) == []                  # reno with tcp_ecn 0: not asked
-    assert len(guards.ecn_findings(spec, rows[:1], plain)) == 1               # the same packets, ECN asked
+    assert ecn.ecn_findings(reno, rows[:1], plain) == []                  # reno with tcp_ecn 0: not asked
+    assert len(ecn.ecn_findings(spec, rows[:1], plain)) == 1               # the same packets, ECN asked
     late = [_counts("aqm:to-server", 40000, 5201, data=1000, data_ect=990)]  # capture began after the handshake
-    assert guards.ecn_findings(spec, rows, late) == []
+    assert ecn.ecn_findings(spec, rows, late) == []
 
 
 def _ss(name: str):
@@ -135,11 +136,11 @@ def test_ss_chrono_times_are_parsed_and_accumulate():
 
 def test_sockbuf_post_names_the_buffer_that_limited_the_flow():
     spec = _ss_spec("cubic", 5201)
-    [snd] = guards.ss_sockbuf_findings(spec, "server", _ss("ss_sndbuf_limited"), {0: None})
+    [snd] = ss_guards.ss_sockbuf_findings(spec, "server", _ss("ss_sndbuf_limited"), {0: None})
     assert str(snd).startswith("G-SOCKBUF host server: flow 0 (port ")
     assert snd.message.endswith("was limited by its send buffer for 52% of its busy time (988 of 1904 ms): the "
                                 "socket, not the network; raise tcp_wmem on server")
-    [rwnd] = guards.ss_sockbuf_findings(spec, "server", _ss("ss_rwnd_limited"), {0: None})
+    [rwnd] = ss_guards.ss_sockbuf_findings(spec, "server", _ss("ss_rwnd_limited"), {0: None})
     assert "the receiver's window for 90% of its busy time (1712 of 1896 ms)" in rwnd.message
     assert rwnd.message.endswith("raise tcp_rmem on client")
-    assert guards.ss_sockbuf_findings(_ss_spec("cubic", 5311), "server", _ss("ss_cubic"), {0: None}) == []
+    assert ss_guards.ss_sockbuf_findings(_ss_spec("cubic", 5311), "server", _ss("ss_cubic"), {0: None}) == []

@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from agents.tasks import SsSample, make_runner, ss_argv
-from orchestrator.engine.resolve import schedule_tasks, timeline
+from orchestrator.engine.bind import schedule_tasks, timeline
 from orchestrator.ingest.ss import parse_ss_with_stats
 from orchestrator.inventory import Inventory
 from orchestrator.plan.canon import canonical

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import psycopg
@@ -42,6 +42,15 @@ class IngestError(Exception):
         self.message = message
 
 
+class PacketObserver(Protocol):
+    """A fold over a run's packets (a post-run guard such as G-ECN): shown every (capture point, PACKET chunk)
+    as the writer streams it, then asked for the flags (JSON objects) the run row is to carry."""
+
+    def observe(self, point: str, chunk: np.ndarray) -> None: ...
+
+    def flags(self) -> list[dict[str, Any]]: ...
+
+
 @dataclass(frozen=True)
 class RunIngest:
     """One run as the DB stores it. Child rows may omit run_id; it is taken from `run`.
@@ -66,6 +75,7 @@ class RunIngest:
     qdisc_samples: list[tuple[str, str, np.ndarray]] = field(default_factory=list)  # (host, iface, ..)
     ss_samples: list[tuple[str, np.ndarray]] = field(default_factory=list)  # (host, SS_SAMPLE)
     iperf_intervals: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (flow_id, ..)
+    packet_observers: tuple[PacketObserver, ...] = ()   # folds whose flags join the run row before it is written
 
 
 @dataclass(frozen=True)
@@ -232,6 +242,8 @@ class _Packets:
             counts = np.zeros(2, dtype=np.int64)
             for chunk in _chunks(src):
                 chunk["point"] = point_id
+                for observer in self.ingest.packet_observers:
+                    observer.observe(label, chunk)
                 data: dict[str, Any] = {"run_key": self.run_key, "conn_id": self.conns.ids(chunk)}
                 data.update({n: chunk[n] for n in records.PACKET_VALUE_FIELDS})
                 counts += (np.count_nonzero(chunk["proto"] == records.PROTO_TCP),
@@ -305,6 +317,12 @@ def _full_row(table: Table, row: dict[str, Any], run_id: str) -> dict[str, Any]:
     return {c: merged.get(c) for c in table.columns.keys()}
 
 
+def _final_flags(ingest: RunIngest) -> list[Any]:
+    """The run's flags and then each observer's, each once."""
+    flags = list(ingest.run.get("flags") or [])
+    return flags + [f for o in ingest.packet_observers for f in o.flags() if f not in flags]
+
+
 def write_run(engine: Engine, ingest: RunIngest) -> IngestCounts:
     """Write one run in a single transaction, replacing any earlier ingest of the same run_id.
 
@@ -325,15 +343,8 @@ def write_run(engine: Engine, ingest: RunIngest) -> IngestCounts:
             with _step("plan"):
                 _upsert_plan(conn, ingest.plan)
             counts["plan"] = 1
-        with _step("run"):
-            conn.execute(tables.run.insert(), {**ingest.run, "run_key": key})
-        counts["run"] = 1
-        for attr, table in _CHILD_TABLES:
-            rows = [_full_row(table, row, run_id) for row in getattr(ingest, attr)]
-            if rows:
-                with _step(attr):
-                    conn.execute(table.insert(), rows)
-            counts[table.name] = len(rows)
+        # the bulk tables first (they reference run_key, not the run row): the packet observers have then
+        # seen every packet, and the run row is inserted once, with its final flags
         conns = ingest.conns if ingest.conns is not None else ConnRegistry()
         attach: list[Table] = []
         packets = _Packets(ingest, conns, key)
@@ -346,6 +357,15 @@ def write_run(engine: Engine, ingest: RunIngest) -> IngestCounts:
                 loaded = bulk.load(conn, layout.table, _array_batches(ingest, layout, key), key)
             counts[layout.table.name] = loaded.rows
             attach += [layout.table] if loaded.partition else []
+        with _step("run"):
+            conn.execute(tables.run.insert(), {**ingest.run, "flags": _final_flags(ingest), "run_key": key})
+        counts["run"] = 1
+        for attr, table in _CHILD_TABLES:
+            rows = [_full_row(table, row, run_id) for row in getattr(ingest, attr)]
+            if rows:
+                with _step(attr):
+                    conn.execute(table.insert(), rows)
+            counts[table.name] = len(rows)
         with _step("conns"):
             conn_rows = [{**r, "run_key": key} for r in conns.rows([p for p, _ in ingest.packets])]
             if conn_rows:

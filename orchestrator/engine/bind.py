@@ -1,4 +1,5 @@
-"""Pure resolution of a RunSpec against an inventory: concrete host states and the run's timeline.
+"""Binding a RunSpec to a testbed (pure): concrete host states from the inventory, the run's timeline and
+the tasks each host runs.
 
 Timeline of one run (all absolute CLOCK_REALTIME ns): captures, tracing, pollers and iperf3 servers
 start at T0 - LEAD; flow i's client starts at T0 + start_s; everything passive stops at the last flow's
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from orchestrator.guards.cpu import kernel_groups
 from orchestrator.inventory import Inventory
 from orchestrator.plan.runspec import RunSpec
 from schemas import protocol
@@ -21,15 +23,15 @@ LEAD_NS = 1_200_000_000
 TAIL_NS = 1_500_000_000
 
 
-class ResolveError(ValueError):
-    pass
+class BindError(ValueError):
+    """The run cannot be bound to this inventory (a role without a host, a peer without a MAC)."""
 
 
 def host_states(spec: RunSpec, inv: Inventory) -> dict[str, HostState]:
     out = {}
     for role, hp in spec.hosts.items():
         if role not in inv.hosts:
-            raise ResolveError(f"run {spec.run_id}: plan role {role!r} has no host in the inventory")
+            raise BindError(f"run {spec.run_id}: plan role {role!r} has no host in the inventory")
         entry = inv.hosts[role]
         chains = {entry.iface_toward(toward): list(chain) for toward, chain in hp.qdiscs.items()}
         ifaces = {name: InterfaceState(offloads=dict(hp.offloads), coalesce=dict(hp.coalesce), pause=dict(hp.pause),
@@ -48,10 +50,10 @@ def peer_neighbours(inv: Inventory, role: str, dev: str) -> dict[str, str]:
         for peer in host.interfaces.values():
             if peer.addr == entry.peer_addr:
                 if not peer.mac:
-                    raise ResolveError(f"inventory gives no MAC for {entry.peer_addr} (peer of {role} {dev}): "
+                    raise BindError(f"inventory gives no MAC for {entry.peer_addr} (peer of {role} {dev}): "
                                        "static neighbours need it (or set static_neighbours: false)")
                 return {peer.addr: peer.mac.lower()}
-    raise ResolveError(f"inventory has no host with {entry.peer_addr} (peer of {role} {dev})")
+    raise BindError(f"inventory has no host with {entry.peer_addr} (peer of {role} {dev})")
 
 
 @dataclass(frozen=True)
@@ -68,22 +70,6 @@ def _last_flow_end_s(spec: RunSpec) -> float:
 def timeline(spec: RunSpec, t0_ns: int) -> Timeline:
     end_ns = t0_ns + int(_last_flow_end_s(spec) * 1e9)
     return Timeline(t0_ns=t0_ns, start_ns=t0_ns - LEAD_NS, stop_ns=end_ns + TAIL_NS)
-
-
-def measurement_window(spec: RunSpec, tl: Timeline) -> tuple[int, int]:
-    """[T0 + warm-up, the last flow's end): the part of the run the metrics and the run guards speak for."""
-    return tl.t0_ns + int(spec.analysis.warmup_s * 1e9), tl.t0_ns + int(_last_flow_end_s(spec) * 1e9)
-
-
-def kernel_groups(boot_ids: dict[str, str]) -> dict[str, list[str]]:
-    """Roles grouped by the kernel they run on (same boot_id: one machine's CPUs, as in the netns lab),
-    keyed by the group's first role. A role without a boot_id is its own group."""
-    groups: dict[str, list[str]] = {}
-    first: dict[str, str] = {}
-    for role, boot in boot_ids.items():
-        key = first.setdefault(boot, role) if boot else role
-        groups.setdefault(key, []).append(role)
-    return groups
 
 
 CPU_LOAD_INTERVAL_MS = 100

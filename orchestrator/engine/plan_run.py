@@ -7,12 +7,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from orchestrator.engine.runner import Manager, PreflightRefused
+from orchestrator.engine.runner import PreflightRefused, RunEngine
 from orchestrator.inventory import load_inventory
 from orchestrator.lab.netns import inventory_path
 from orchestrator.plan import PlanError, expand, load_plan, plan_sha256
 from orchestrator.storage.db import open_db
-from orchestrator.storage.ingest import completed_run_ids
+from orchestrator.storage.writer import completed_run_ids
 
 
 async def run_plan(plan_path: Path, db_url: str | None, inventory: Path | None, results: Path,
@@ -34,9 +34,9 @@ async def run_plan(plan_path: Path, db_url: str | None, inventory: Path | None, 
     if done:
         console.print(f"{len(specs) - len(todo)} of {len(specs)} runs already complete in the DB; skipping them")
     failed = 0
-    async with Manager(inv, db, results) as mgr:
+    async with RunEngine(inv, db, results) as engine:
         try:
-            mgr.preflight(todo)
+            engine.preflight(todo)
         except PreflightRefused as exc:
             console.print(f"[red]{exc}[/red]", markup=True)
             return 3
@@ -46,15 +46,15 @@ async def run_plan(plan_path: Path, db_url: str | None, inventory: Path | None, 
             def on_phase(run_id: str, phase: str) -> None:
                 progress.update(bar, phase=f"{run_id}: {phase}")
 
-            mgr.on_phase = on_phase
+            engine.on_phase = on_phase
             for spec in todo:
-                outcome = await mgr.run_one(spec, plan_row)
+                outcome = await engine.run_one(spec, plan_row)
                 progress.advance(bar)
                 if outcome.status != "complete":
                     failed += 1
                     console.print(f"[red]run {spec.run_id} failed[/red]: {outcome.error}", markup=True)
                 for flag in outcome.flags:
-                    console.print(f"[yellow]flag[/yellow] {spec.run_id}: {flag}")
+                    console.print(f"flag {spec.run_id}: {flag}", style="yellow", markup=False)
     from analysis.summary import format_table, run_table
 
     print(format_table(run_table(db, [s.run_id for s in specs])))
