@@ -1,4 +1,4 @@
-"""Pitfall guards (EXPERIMENTS.md §8) as named, pure checks over a resolved run.
+"""Pitfall guards (G-… codes: docs/guards.md) as named, pure checks over a resolved run.
 
 Each guard returns `Finding`s that name the guard, the host and what to change. Before a run
 (`pre_run_findings`) a finding refuses the run unless the plan lists the guard in `accept_guards` (an
