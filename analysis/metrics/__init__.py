@@ -1,4 +1,4 @@
-"""Pure metric maths over numpy arrays (EXPERIMENTS.md §6), one module per family of metrics.
+"""Pure metric maths over numpy arrays, one module per family of metrics (M-… codes: docs/metrics.md).
 
 Nothing here touches the database, files or plots: inputs are structured arrays whose field names
 follow orchestrator/ingest/records.py (only the fields a function names are required), outputs are

@@ -302,7 +302,8 @@ def unsupported_features(spec: RunSpec, caps: dict[str, protocol.Capabilities]) 
         release = caps[role].kernel_release if role in caps else "?"
         if hp.kernel is not None and hp.kernel.release is None:
             out.append(f"host {role} (kernel {release}): variant {hp.kernel.name} is a source build; "
-                       "install it first (playbooks/kernel.yml) and give its `release`")
+                       "build and install it by hand (no kernel playbook yet, see playbooks/README.md) and "
+                       "give its `release`")
     for f in spec.flows:
         if f.tool == "app_limited":
             out.append(f"host {f.src}: flow {f.flow_id} needs the app-limited writer, which this agent "

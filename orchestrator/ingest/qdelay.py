@@ -1,4 +1,4 @@
-"""Per-packet queue delay from paired captures on the aqm host (EXPERIMENTS.md M-QDELAY (b)).
+"""Per-packet queue delay from paired captures on the aqm host (docs/metrics.md#m-qdelay, method (b)).
 
 Pure and vectorised: `pair(ingress, egress)` takes the packets seen on the aqm's ingress interface
 (toward the senders) and on its egress interface (toward the receivers), both records.PACKET arrays

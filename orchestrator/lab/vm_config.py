@@ -178,7 +178,7 @@ def plan_kernel_package(kernels: dict, runs: list, vm_roles: tuple[str, ...]) ->
         variant = kernels[name]
         if variant.package is None:
             raise LabError(f"kernel variant {name} is a source build: the VM lab boots Debian packages "
-                           "(install builds on real hosts with playbooks/kernel.yml)")
+                           "(install builds on real hosts by hand: no kernel playbook yet, see playbooks/README.md)")
         packages.setdefault(variant.package, []).append(name)
     if len(packages) > 1:
         raise LabError("the plan's guests need different kernels (" + "; ".join(

@@ -1,6 +1,6 @@
 """Run conditions beyond host state: the receiver's ACK policy, timed events and analysis windows.
 
-Each is something the studies left implicit and paid for (EXPERIMENTS.md G-ACK, G-FAULT, G-WINDOW), so
+Each is something the studies left implicit and paid for (docs/guards.md: G-ACK, G-FAULT, G-WINDOW), so
 a plan states it and the run record keeps it.
 """
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Derived values of a run: numbers computed from the stated ones at expansion time and shown to the user.
 
-Pure arithmetic in kernel units (bit/s, ns, bytes). The formulas follow EXPERIMENTS.md: htb burst
-(G-HTB), BDP, per-flow window in segments (§1.5, G-FLOOR), queue capacity in time at the bottleneck,
-RED thresholds from time to bytes (§1.3, G-RED), the step threshold K with its 2 MTU floor and the netem
+Pure arithmetic in kernel units (bit/s, ns, bytes). The formulas are those of docs/guards.md: htb burst
+(G-HTB), BDP, per-flow window in segments (G-FLOOR), queue capacity in time at the bottleneck,
+RED thresholds from time to bytes (G-RED), the step threshold K with its 2 MTU floor and the netem
 limit (G-NETEM). Thresholds written relative to the BDP or the target queue are resolved per run here.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from orchestrator.plan.qdiscs import BfifoQueue, CakeQueue, MarkQueue, Queue, Re
 from orchestrator.plan.template import Bottleneck, RunTemplate
 
 ETH_HEADER = 14     # bytes htb and tc count per packet on top of the IP packet (no FCS, no preamble)
-FRAME_OVERHEAD = 18  # Ethernet header + FCS: EXPERIMENTS.md's frame_B = MTU + 18 for window maths
+FRAME_OVERHEAD = 18  # Ethernet header + FCS: the frame of the window maths (docs/guards.md#g-floor)
 NS_PER_S = 10**9
 HTB_BURST_TIME_NS = 10**6  # G-HTB: start at >= rate x 1 ms of burst
 
@@ -39,7 +39,7 @@ def bdp_bytes(rate_bit: int, rtt_ns: int) -> int:
 
 
 def bytes_at_rate(rate_bit: int, time_ns: int) -> int:
-    """Bytes that drain in `time_ns` at `rate_bit` (AQM thresholds written in time, EXPERIMENTS.md)."""
+    """Bytes that drain in `time_ns` at `rate_bit` (AQM thresholds written in time, docs/guards.md#g-red)."""
     return bdp_bytes(rate_bit, time_ns)
 
 
@@ -111,7 +111,7 @@ def red_times(q: RedQueue, refs: LinkRefs) -> tuple[int, int | None]:
 
 
 def red_bytes(q: RedQueue, refs: LinkRefs) -> RedBytes:
-    """Thresholds in bytes (EXPERIMENTS.md §1.3, G-RED). Step: K = max(rate x t, 2 MTU), max = K + 1."""
+    """Thresholds in bytes (docs/guards.md#g-red). Step: K = max(rate x t, 2 MTU), max = K + 1."""
     rate, mtu = refs.rate_bit, refs.mtu
     lo_ns, hi_ns = red_times(q, refs)
     limit = q.limit.resolve(rate, refs.rtt_ns)

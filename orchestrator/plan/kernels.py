@@ -1,4 +1,4 @@
-"""Kernel variants as structured objects (EXPERIMENTS.md G-VARIANT, G-BASELINE).
+"""Kernel variants as structured objects (docs/guards.md: G-VARIANT, G-BASELINE).
 
 A variant is a distribution package or a source build (base + patches + config fragments + out-of-tree
 modules) plus a `vanilla` flag; its content hash, not its name, identifies it in the run record, so a

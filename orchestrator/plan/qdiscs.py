@@ -3,7 +3,7 @@
 Two kinds of stage: a bottleneck `queue` (the leaf under the shaper: FIFO, RED, an AQM) and a stage of
 an explicit chain (`hosts.<role>.qdiscs.<toward>`: netem, htb, tbf, fq, AQMs...). Every stage except RED
 converts itself to `schemas.hoststate` with `.state(mtu)`; RED thresholds are written in time and need
-the bottleneck rate, so `build.bottleneck_chain` converts them (EXPERIMENTS.md §1.3, G-RED).
+the bottleneck rate, so `build.bottleneck_chain` converts them (docs/guards.md#g-red).
 """
 from __future__ import annotations
 
@@ -81,8 +81,8 @@ class NetemStage(Strict):
     distribution: Literal["uniform", "normal", "pareto", "paretonormal"] | None = _f(
         None, "jitter distribution (default: tc's uniform)", "normal")
     loss: Fraction | None = _f(None, "random loss probability (a planned loss source)", "1%")
-    limit: int = _f(..., "packets netem may hold; needs >= 1.5 x rate x delay / MTU (EXPERIMENTS.md "
-                    "G-NETEM), so it is stated explicitly here", 1000, unit="packets", gt=0, le=10_000_000)
+    limit: int = _f(..., "packets netem may hold; needs >= 1.5 x rate x delay / MTU (docs/guards.md"
+                    "#g-netem), so it is stated explicitly here", 1000, unit="packets", gt=0, le=10_000_000)
 
     def state(self, mtu: int) -> hs.QdiscStage:  # noqa: ARG002
         return hs.Netem(delay_ns=self.delay.value, jitter_ns=self.jitter.value, distribution=self.distribution,
@@ -99,7 +99,7 @@ class RedQueue(Strict):
         "ramp", "`ramp`: probability rises from 0 at min to `probability` at max on the averaged queue "
         "(burst by the rule of thumb); `step`: one threshold K = max(rate x min, 2 MTU), max = K + 1 B, "
         "probability 1, smallest burst; `inst`: a ramp min..max on the (nearly) instantaneous queue, "
-        "smallest burst (EXPERIMENTS.md §1.3)", "ramp")
+        "smallest burst (docs/guards.md#g-red)", "ramp")
     min: PositiveThreshold = _f(..., "lower threshold (ramp, inst) or the step threshold K", "500us")
     max: PositiveThreshold | None = _f(None, "upper threshold (ramp and inst; must be above min)", "3target")
     limit: PositiveBuffer = _f("200ms", "buffer (hard limit): a time at the bottleneck rate, bytes or a "
@@ -110,7 +110,7 @@ class RedQueue(Strict):
     adaptive: bool = _f(False, "adaptive RED (tunes max_p)", True)
     nodrop: bool = _f(False, "with ecn, queue packets that are not ECN-capable instead of dropping them "
                       "(tc-red nodrop): SYNs and retransmissions, which a standing queue above K would "
-                      "otherwise drop (EXPERIMENTS.md G-ECN)", True)
+                      "otherwise drop (docs/guards.md#g-ecn)", True)
     avpkt: PositiveSize | None = _f(None, "average packet size (default: 1000 B ramp, the MTU step/inst)", 1000)
     burst: int | None = _f(None, "burst allowance in packets (default: (2 min + max) / (3 avpkt) for a "
                            "ramp, the smallest tc accepts for step and inst)", 2, unit="packets", gt=0, le=10**6)
@@ -210,7 +210,7 @@ class DualPi2Queue(Strict):
 
 class FqStage(Strict):
     kind: Literal["fq"] = _f("fq", "fq: per-flow fair queueing and pacing (sender egress); overrides the "
-                             "stack's internal pacing (EXPERIMENTS.md G-CC)", "fq")
+                             "stack's internal pacing (docs/guards.md#g-cc)", "fq")
     limit: int | None = _f(None, "packet limit (default 10000)", 10000, unit="packets", gt=0)
     flow_limit: int | None = _f(None, "per-flow packet limit (default 100)", 100, unit="packets", gt=0)
     quantum: PositiveSize | None = _f(None, "credit per round (default 2 MTU)", "3028B")
@@ -229,7 +229,7 @@ class FqStage(Strict):
 class MarkQueue(Strict):
     kind: Literal["mark"] = _f("mark", "tcplab's `aqm-mark` qdisc (needs that kernel variant on the host): CE "
                                "marking on the instantaneous sojourn time or EST, step or linear ramp, no "
-                               "averaging (EXPERIMENTS.md §4.3)", "mark")
+                               "averaging (experiments/README.md#dctcp-flaws)", "mark")
     mode: Literal["step", "ramp"] = _f(..., "step at `min`, or probability 0 -> 1 from `min` to `max`", "step")
     min: PositiveThreshold = _f(..., "step threshold or ramp start", "2ms")
     max: PositiveThreshold | None = _f(None, "ramp end (ramp only)", "4ms")

@@ -159,7 +159,7 @@ def _bottleneck(t: RunTemplate, roles: list[str], out: list[Problem]) -> None:
         _queue(t, refs, out)
     if b.line_rate is not None and b.line_rate.value <= b.rate.value:
         out.append(Problem(("bottleneck", "line_rate"), "the interface is not faster than the bottleneck "
-                           "rate: the NIC, not the qdisc, would shape (EXPERIMENTS.md G-NIC)"))
+                           "rate: the NIC, not the qdisc, would shape (docs/guards.md#g-nic)"))
     if b.delay is None and b.netem_limit is not None:
         out.append(Problem(("bottleneck", "netem_limit"), "netem_limit without a delay has no netem to size"))
     if b.delay is not None and b.netem_limit is None and b.line_rate is None:

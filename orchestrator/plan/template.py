@@ -30,7 +30,7 @@ from orchestrator.plan.traffic import Traffic
 ModuleName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,55}$")]
 ParamKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z][A-Za-z0-9_]{0,63}$")]  # dctcp_chirp_L
 SysctlName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]*(\.[A-Za-z0-9_-]+)+$")]
-# ethtool -K short names; an allow-list catches typos such as `tro` (EXPERIMENTS.md G-SYSCTL).
+# ethtool -K short names; an allow-list catches typos such as `tro` (docs/guards.md#g-sysctl).
 OffloadName = Literal["tso", "gso", "gro", "lro", "sg", "tx", "rx", "tx-gso-partial",
                       "rx-gro-list", "rx-udp-gro-forwarding", "rxvlan", "txvlan", "ntuple", "rxhash"]
 # ethtool -C parameters (integers; adaptive-*/cqe-mode-* on/off)

@@ -1,4 +1,4 @@
-"""The report checked against physics on the netns lab (EXPERIMENTS.md M-QDELAY, M-UTIL).
+"""The report checked against physics on the netns lab (docs/metrics.md: M-QDELAY, M-UTIL).
 
 A loss-based CC (CUBIC) fills a pfifo of LIMIT packets behind htb: every packet that joins a full queue
 waits for the LIMIT − 1 packets ahead of it plus its own serialisation, so the queue delay peaks at

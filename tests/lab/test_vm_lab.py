@@ -198,7 +198,7 @@ FLOOR_PLAN = Path(__file__).resolve().parents[2] / "experiments" / "vm" / "floor
 
 
 def test_floor_plan_keeps_the_two_segment_standing_queue(vm_lab, tmp_path):
-    """Issue 6 (EXPERIMENTS.md G-FLOOR): 8 ECN Reno flows, RED step marking at K = 2 MTU, 10 Mbit/s.
+    """Issue 6 (docs/guards.md#g-floor): 8 ECN Reno flows, RED step marking at K = 2 MTU, 10 Mbit/s.
 
     Physics. The queue stands far above K (3000 B = 2.4 ms), so every packet is marked, every ACK echoes
     ECE and each flow re-enters CWR once per RTT down to Reno's ssthresh floor max(cwnd / 2, 2): cwnd

@@ -1,4 +1,4 @@
-"""Pitfall guards (EXPERIMENTS.md §8): deliberately bad configurations trip their named guard; the shipped
+"""Pitfall guards (docs/guards.md): deliberately bad configurations trip their named guard; the shipped
 study plans trip none they did not accept."""
 from __future__ import annotations
 

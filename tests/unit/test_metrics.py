@@ -1,4 +1,4 @@
-"""Unit tests of analysis/metrics.py on small literal arrays (EXPERIMENTS.md §6 definitions)."""
+"""Unit tests of analysis/metrics.py on small literal arrays (definitions: docs/metrics.md)."""
 from __future__ import annotations
 
 import math

@@ -1,5 +1,5 @@
 """Unit tests of the metrics added for the studies (analysis/metrics/*): small literal inputs,
-expected values computed by hand in the comments (EXPERIMENTS.md §6 definitions)."""
+expected values computed by hand in the comments (definitions: docs/metrics.md)."""
 from __future__ import annotations
 
 import math

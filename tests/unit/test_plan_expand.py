@@ -144,7 +144,7 @@ def test_derived_values_formulas() -> None:
     assert htb_burst_bytes(1_000_000, 1500) == 1514         # never below one frame
     assert htb_burst_bytes(5 * 10**9, 1500) == 625_000
     assert bdp_bytes(200_000_000, 300_000) == 7500
-    # EXPERIMENTS.md §1.5: W_s = rate / (N frame 8) (RTT + threshold), frame = MTU + 18
+    # docs/guards.md#g-floor: W_s = rate / (N frame 8) (RTT + threshold), frame = MTU + 18
     assert window_segments(200_000_000, 8, 1500, 100_000) == pytest.approx(200e6 / (8 * 1518 * 8) * 100e-6)
     runs = expand(load_plan(STUDY), order="cells")
     one = next(r for r in runs if r.experiment == "1")

@@ -1,4 +1,4 @@
-"""Guards on what a run measured (EXPERIMENTS.md M-DROP, G-NETEM/G-HTB post, G-CC post), on literal
+"""Guards on what a run measured (docs/guards.md: M-DROP, G-NETEM/G-HTB post, G-CC post), on literal
 sampler and ss output (tests/fixtures/qdisc/README.md, tests/fixtures/ss/)."""
 from __future__ import annotations
 

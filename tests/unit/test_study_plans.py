@@ -1,5 +1,5 @@
 """The reference studies as plans (experiments/): every plan validates, expands and matches the study's
-matrix; LS-AIMD Table 5.1 is checked cell by cell against the study's inputs (EXPERIMENTS.md §1.5)."""
+matrix; LS-AIMD Table 5.1 is checked cell by cell against the study's inputs (its Table 5.1)."""
 from __future__ import annotations
 
 import io
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PLANS = sorted((ROOT / "experiments").rglob("*.yaml"))
 LSAIMD = ROOT / "experiments" / "lsaimd" / "table-5-1.yaml"
 
-# EXPERIMENTS.md §1.5, transcribed: rate Mbit/s, base RTT us, MTU, flows, flow duration s, target us
+# the LS-AIMD study's experiment matrix, transcribed: rate Mbit/s, base RTT us, MTU, flows, flow duration s, target us
 TABLE_5_1 = {
     "1": (200, 300, 1500, 1, 10, 500), "2": (200, 300, 1500, 2, 20, 500),
     "3A": (200, 100, 1500, 8, 40, 500), "3B": (200, 100, 1500, 8, 40, 500),
@@ -119,7 +119,7 @@ def test_lsaimd_plan_table_has_the_study_layout() -> None:
     assert rows["runs"] == ["30"] * 4 + ["45"] * 8 and rows["arms"] == ["6"] * 4 + ["9"] * 8
 
 
-# cells per experiment (one repetition), from each study's matrix in EXPERIMENTS.md
+# cells per experiment (one repetition), from each study's published experiment matrix
 STUDY_MATRICES = {
     "dctcp-flaws/dc.yaml": {"noise-floor": 1,            # G-AQMNOISE pre-campaign check
                             "df-e1": 2 * 2, "df-e5": 1 * 2 + 2,   # variants x {derived, study's 1-MTU} htb burst
