@@ -45,7 +45,7 @@ _EMBEDDED = re.compile(r"\((?P<guard>[GM]-[A-Z0-9]+)\)")
 
 
 def parse_line(line: str) -> Flag:
-    """Read a flag written as a line by older tcplab versions ("G-X host H: ...", "accepted G-X ...",
+    """Read a flag written as a line by older tcplab versions ("G-HTB host aqm: ...", "accepted G-NETEM ...",
     "role: reset left ...", "role: dev: coalescing ... off by absence", "role/task: ... (G-CAPTURE) ...")."""
     if m := _LINE.match(line):
         return Flag(guard=m["guard"], host=m["host"], message=m["msg"], accepted=bool(m["acc"]))

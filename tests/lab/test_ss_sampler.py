@@ -16,10 +16,10 @@ from rich.progress import Progress
 from sqlalchemy import text
 
 from orchestrator.engine.plan_run import run_plan
-from orchestrator.ingest.assemble import ArtifactError, reassemble
+from orchestrator.guards.finalise import finalise_run
+from orchestrator.ingest.record import RunRecord
 from orchestrator.lab import netns
 from orchestrator.storage.db import open_db
-from orchestrator.storage.writer import write_run
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "experiments" / "quickstart.yaml"
 
@@ -88,16 +88,16 @@ def test_reingest_into_postgres_gives_the_same_ss_rows(ss_db, pg_url):
     sql = ("SELECT s.host, s.ts_ns, s.sport, s.cwnd, s.ssthresh, s.rtt_us, s.dctcp_alpha, s.bbr_pacing_gain "
            "FROM ss_sample s JOIN run r ON r.run_key = s.run_key WHERE r.run_id = :r ORDER BY 2, 3")
     for run_dir in sorted(p for p in results.iterdir() if (p / "ingest.json").exists()):
-        write_run(pg, reassemble(run_dir))
-        write_run(pg, reassemble(run_dir))          # re-ingest replaces, never duplicates
+        finalise_run(pg, run_dir, RunRecord.load(run_dir))
+        finalise_run(pg, run_dir, RunRecord.load(run_dir))   # re-ingest replaces, never duplicates
         with sqlite.connect() as a, pg.connect() as b:
             assert a.execute(text(sql), {"r": run_dir.name}).all() == b.execute(text(sql), {"r": run_dir.name}).all()
 
 
 def test_an_artifact_the_parser_refuses_is_named_with_host_file_and_line(ss_db, tmp_path):
     """A run whose ss artifact is damaged (here: the /proc/net/tcp fallback ss prints without tcp_diag,
-    literal from a Debian guest) is refused by file and line; the run's files stay re-ingestable."""
-    _, results = ss_db
+    literal from a Debian guest) is stored as failed, naming the file and line; its files stay on disk."""
+    url, results = ss_db
     run_dir = tmp_path / "run"
     shutil.copytree(next(p for p in sorted(results.iterdir()) if (p / "ingest.json").exists()), run_dir)
     (art,) = run_dir.glob("*/ss.txt")
@@ -106,7 +106,11 @@ def test_an_artifact_the_parser_refuses_is_named_with_host_file_and_line(ss_db, 
     lines[bad] = ("ESTAB 0      0      10.199.2.1:33866 10.199.1.1:5201 rto:0.36 ato:0.04 qack:15 bidir cwnd:10 "
                   "reordering:0")
     art.write_text("\n".join(lines) + "\n")
-    with pytest.raises(ArtifactError) as info:
-        reassemble(run_dir)
-    assert str(info.value).startswith(f"{art.parent.name}/{art.name}: ss sample line {bad + 1}: ")
-    assert "no tcp_diag" in str(info.value)
+    db = open_db(f"sqlite:///{tmp_path / 'damaged.db'}")
+    outcome = finalise_run(db, run_dir, RunRecord.load(run_dir))
+    assert outcome.status == "failed" and outcome.counts["packet"] == 0
+    assert outcome.error.startswith(f"ingest: {art.parent.name}/{art.name}: ss sample line {bad + 1}: ")
+    assert "no tcp_diag" in outcome.error and f"tcplab ingest {run_dir}" in outcome.error
+    with db.connect() as conn:
+        assert conn.execute(text("SELECT status, error FROM run")).one() == ("failed", outcome.error)
+    assert art.exists()

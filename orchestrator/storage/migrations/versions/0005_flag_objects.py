@@ -2,7 +2,7 @@
 
 Older runs stored lines in five formats; each is read into an object here (a frozen copy of the rule in
 orchestrator/guards/flag.py as of this revision), so every run in the database has flags of one shape.
-Downgrade writes the lines back (`accepted G-X host H: message`).
+Downgrade writes the lines back (`accepted G-NETEM host aqm: message`).
 
 Revision ID: 0005
 Revises: 0004
