@@ -2,7 +2,7 @@
 besides analysis/select.py, which only resolves selectors to run ids).
 
 One run at a time: a run's packets are fetched column-wise in chunks straight into structured arrays
-(narrowed dtypes taken from orchestrator/ingest/records.py), so no per-packet Python objects outlive a
+(narrowed dtypes taken from orchestrator/storage/records.py), so no per-packet Python objects outlive a
 chunk. Which capture point and which qdisc form "the bottleneck", and which capture is on the sender
 side (for RTT, FCT and gaps), is decided here from the run's spec.
 """
@@ -16,10 +16,10 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from orchestrator.guards.flag import Flag
-from orchestrator.ingest import records
 from orchestrator.plan.runspec import LinkRef
+from orchestrator.storage import records
 from orchestrator.storage import tables as T
+from schemas.flag import Flag
 
 FETCH_CHUNK = 100_000
 ROOT_PARENTS = frozenset({"root", "", "ffff:ffff", "ffff:"})

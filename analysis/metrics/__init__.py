@@ -1,7 +1,7 @@
 """Pure metric maths over numpy arrays, one module per family of metrics (M-… codes: docs/metrics.md).
 
 Nothing here touches the database, files or plots: inputs are structured arrays whose field names
-follow orchestrator/ingest/records.py (only the fields a function names are required), outputs are
+follow orchestrator/storage/records.py (only the fields a function names are required), outputs are
 numbers, small dataclasses or arrays. Times are integer ns. Definitions: docs/metrics.md.
 
   stats       M-STAT summaries, quantile sketches, box statistics

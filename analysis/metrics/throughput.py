@@ -1,6 +1,6 @@
 """M-TPUT and M-UTIL: goodput, throughput bins and link utilisation (pure numpy).
 
-Inputs are structured arrays whose field names follow orchestrator/ingest/records.py (only the fields
+Inputs are structured arrays whose field names follow orchestrator/storage/records.py (only the fields
 a function names are required). Times are integer ns; bins are half-open [t0 + kΔ, t0 + (k+1)Δ).
 """
 from __future__ import annotations

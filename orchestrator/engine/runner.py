@@ -18,12 +18,12 @@ from orchestrator.agent_client import AgentClient, AgentError
 from orchestrator.engine import bind, verify
 from orchestrator.guards import pre_run
 from orchestrator.guards.finalise import RunOutcome, finalise_run
-from orchestrator.guards.flag import Flag
 from orchestrator.ingest.assemble import sender_ports
 from orchestrator.ingest.record import RunRecord
 from orchestrator.inventory import Inventory
 from orchestrator.plan.runspec import RunSpec
 from schemas import protocol
+from schemas.flag import Flag
 
 log = logging.getLogger("tcplab.manager")
 START_MARGIN_NS = 2_000_000_000

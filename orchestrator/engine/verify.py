@@ -9,9 +9,9 @@ import re
 
 from agents.host.argv import OFFLOAD_LONG_NAMES
 from agents.host.ethtool import permanent_neighbours
-from orchestrator.guards.flag import Flag
 from orchestrator.plan.runspec import RunSpec
 from schemas import protocol
+from schemas.flag import Flag
 from schemas.hoststate import (
     Bfifo,
     Cake,

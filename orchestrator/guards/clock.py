@@ -2,7 +2,7 @@
 cross-host metrics (one-way and queue delays paired across hosts)."""
 from __future__ import annotations
 
-from orchestrator.guards.flag import Flag
+from schemas.flag import Flag
 
 CLOCK_THRESHOLD_NS = 1_000_000
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from orchestrator.guards.flag import Flag
 from orchestrator.ingest.cpu import CpuIntervals
+from schemas.flag import Flag
 
 CPULOAD_BUSY = 0.90        # G-CPULOAD: a core counts as saturated above 90 % busy (softirq and steal included)
 CPULOAD_WINDOW_SHARE = 0.05   # ... and the run is flagged when that holds for more than 5 % of the window

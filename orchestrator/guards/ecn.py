@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from orchestrator.guards.flag import Flag
-from orchestrator.ingest.records import PROTO_TCP
 from orchestrator.plan.runspec import RunSpec
+from orchestrator.storage.records import PROTO_TCP
+from schemas.flag import Flag
 
 SYN, ACK, ECE, CWR = 0x02, 0x10, 0x40, 0x80
 COUNTERS = ("syn", "syn_ecn", "synack", "synack_ece", "data", "data_ect")

@@ -16,11 +16,11 @@ from sqlalchemy import Engine
 
 from analysis.metrics.windows import analysis_window
 from orchestrator.guards import clock, cpu, ecn, pre_run, qdisc, ss
-from orchestrator.guards.flag import Flag, unique
 from orchestrator.ingest.assemble import assemble, cpu_samples
 from orchestrator.ingest.record import RunRecord
 from orchestrator.plan.runspec import RunSpec
 from orchestrator.storage.writer import RunIngest, write_run
+from schemas.flag import Flag, unique
 
 log = logging.getLogger("tcplab.manager")
 

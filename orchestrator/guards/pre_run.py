@@ -5,8 +5,8 @@ pitfall itself, e.g. an undersized netem limit); an accepted finding is recorded
 """
 from __future__ import annotations
 
-from orchestrator.guards.flag import Flag
 from orchestrator.plan.runspec import RunSpec
+from schemas.flag import Flag
 from schemas.hoststate import Bfifo, Htb, Netem, Pfifo, QdiscStage, Red
 
 HTB_BURST_TIME_NS = 10**6              # G-HTB: at least rate x 1 ms of burst

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from orchestrator.guards.flag import Flag
 from orchestrator.plan.runspec import RunSpec
+from schemas.flag import Flag
 
 
 def _data_sockets(spec: RunSpec, host: str, ss: np.ndarray, sender_ports: dict[int, int | None]):

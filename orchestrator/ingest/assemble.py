@@ -19,8 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.ingest import addr, qdelay, records
-from orchestrator.ingest.conns import ConnRegistry
+from orchestrator.ingest import qdelay
 from orchestrator.ingest.cpu import CpuSamples, parse_cpu
 from orchestrator.ingest.iperf3 import parse_iperf3
 from orchestrator.ingest.pcap import PcapReader
@@ -29,6 +28,8 @@ from orchestrator.ingest.record import RunRecord
 from orchestrator.ingest.ss import parse_ss
 from orchestrator.ingest.tcp_probe import parse_tcp_probe
 from orchestrator.plan.runspec import RunSpec
+from orchestrator.storage import addr, records
+from orchestrator.storage.conns import ConnRegistry
 from orchestrator.storage.writer import RunIngest
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.ingest import records
+from orchestrator.storage import records
 
 
 class Iperf3FormatError(ValueError):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from orchestrator.ingest import pcap_cdecode, records
+from orchestrator.ingest import pcap_cdecode
 from orchestrator.ingest.pcap_format import (
     BLOCK_BYTES,
     LINKTYPE_ETHERNET,
@@ -33,6 +33,7 @@ from orchestrator.ingest.pcap_format import (
     iter_frames,
     u8,
 )
+from orchestrator.storage import records
 
 __all__ = ["PcapFormatError", "PcapReader", "PcapStats", "SUPPORTED_LINKTYPES", "decoder_kind", "iter_pcap",
            "read_pcap", "read_pcap_with_stats"]

@@ -16,8 +16,9 @@ from functools import cache
 
 import numpy as np
 
-from orchestrator.ingest import cbuild, records
+from orchestrator.ingest import cbuild
 from orchestrator.ingest.pcap_format import Frames
+from orchestrator.storage import records
 
 # records.PACKET field -> the byte width the C code writes, in the order of its F_* enum
 _WIDTH = {"ts_ns": 8, "src_addr": 16, "dst_addr": 16, "seq": 8, "ack": 8, "tsval": 8, "tsecr": 8, "src_port": 4,

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.ingest import records
+from orchestrator.storage import records
 
 _KEY_FIELDS = ("proto", "ipv", "src_port", "dst_port", "seq", "ip_id", "payload_len", "tsval")
 _P = np.uint64(0x100000001B3)

@@ -26,8 +26,8 @@ from typing import IO
 
 import numpy as np
 
-from orchestrator.ingest import records
 from orchestrator.ingest.qdelay import QdelayResult, match, qdelay_rows, resolve_d_fwd
+from orchestrator.storage import records
 
 WINDOW = 1 << 18               # ingress packets per window (~5 s at 600 Mbit/s; peak RSS, docs/ingest.md)
 HORIZON_NS = 2_000_000_000     # longest sojourn (beyond netem) a packet may have and still be paired

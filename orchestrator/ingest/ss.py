@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from orchestrator.ingest import records
 from orchestrator.ingest.tcp_probe import _normalise
+from orchestrator.storage import records
 
 DCTCP_MAX_ALPHA = 1024
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from orchestrator.ingest import records
+from orchestrator.storage import records
 
 _ADDR = r"(?:\[([0-9a-fA-F:.]+)\]|(\d+\.\d+\.\d+\.\d+)):(\d+)"
 _EVENT = re.compile(

@@ -1,7 +1,7 @@
 """Writing one run into the result database: validation, replace-on-reingest, bulk loading.
 
 Owns RunIngest (everything the DB holds about a run, with per-packet data as numpy arrays of the
-orchestrator/ingest/records.py dtypes, or as re-iterable sources of such arrays, e.g. a PcapReader,
+orchestrator/storage/records.py dtypes, or as re-iterable sources of such arrays, e.g. a PcapReader,
 streamed chunk by chunk) and the one-transaction write of it. Each write gives the run a fresh
 integer run_key; per-packet rows go to PostgreSQL by binary COPY into new per-run partitions that are
 attached (and indexed) at the end, and the previous ingest's partitions are dropped in the same
@@ -20,9 +20,8 @@ from sqlalchemy import Connection, Engine, Table, exc, select, text
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
-from orchestrator.ingest import records
-from orchestrator.ingest.conns import ConnRegistry
-from orchestrator.storage import bulk, tables
+from orchestrator.storage import bulk, records, tables
+from orchestrator.storage.conns import ConnRegistry
 from orchestrator.storage.db import writer
 
 RUN_STATUSES = ("complete", "failed")

@@ -11,10 +11,9 @@ from pathlib import Path
 import numpy as np
 from sqlalchemy import Engine, func, select, text
 
-from orchestrator.ingest import addr, records
-from orchestrator.ingest.conns import ConnRegistry
 from orchestrator.ingest.ss import parse_ss
-from orchestrator.storage import tables
+from orchestrator.storage import addr, records, tables
+from orchestrator.storage.conns import ConnRegistry
 from orchestrator.storage.writer import RunIngest
 
 PLAN_SHA = "a" * 64

@@ -19,8 +19,7 @@ from dbdata import (
 )
 from sqlalchemy import select, text
 
-from orchestrator.ingest import records
-from orchestrator.storage import bulk, pgcopy, tables
+from orchestrator.storage import bulk, pgcopy, records, tables
 from orchestrator.storage.db import open_db
 from orchestrator.storage.writer import (
     IngestCounts,

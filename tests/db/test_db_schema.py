@@ -13,9 +13,7 @@ from alembic.runtime.migration import MigrationContext
 from dbdata import plan_row
 from sqlalchemy import BigInteger, Column, Float, Integer, MetaData, SmallInteger, String, inspect, text
 
-from orchestrator.guards.flag import Flag
-from orchestrator.ingest import records
-from orchestrator.storage import tables
+from orchestrator.storage import records, tables
 from orchestrator.storage.db import (
     alembic_config,
     current_revision,
@@ -25,6 +23,7 @@ from orchestrator.storage.db import (
     open_db,
 )
 from orchestrator.storage.writer import BULK_LAYOUTS, BulkLayout
+from schemas.flag import Flag
 
 
 def test_migrated_schema_equals_metadata(engine) -> None:

@@ -9,8 +9,7 @@ import numpy as np
 from dbdata import make_run_ingest, ss_samples, table_counts
 from sqlalchemy import select
 
-from orchestrator.ingest import records
-from orchestrator.storage import tables
+from orchestrator.storage import records, tables
 from orchestrator.storage.writer import write_run
 
 

@@ -113,12 +113,12 @@ def run_lab_plan(plan: Path, state_dir: Path, tmp_path: Path, force: bool = Fals
 
 
 def stored_flags(db) -> dict:
-    """run_id -> the run's flags as stored (orchestrator.guards.flag.Flag values)."""
+    """run_id -> the run's flags as stored (schemas.flag.Flag values)."""
     import json
 
     from sqlalchemy import text
 
-    from orchestrator.guards.flag import Flag
+    from schemas.flag import Flag
 
     with db.connect() as conn:
         rows = conn.execute(text("SELECT run_id, flags FROM run ORDER BY run_id")).all()

@@ -1,4 +1,4 @@
-"""Flags as values (orchestrator/guards/flag.py) and the G-ECN packet fold (orchestrator/guards/ecn.py).
+"""Flags as values (schemas/flag.py) and the G-ECN packet fold (orchestrator/guards/ecn.py).
 
 The fold is checked against an independent count: scapy crafts a capture with known handshakes and ECN
 codepoints, tcplab's reader decodes it, and the per-(ports) counters must be what was written."""
@@ -14,10 +14,10 @@ from scapy.layers.l2 import Ether
 from scapy.utils import wrpcap
 
 from orchestrator.guards.ecn import COUNTERS, EcnTally, chunk_counts, wants_ecn
-from orchestrator.guards.flag import Flag, parse_line, unique
 from orchestrator.ingest.pcap import read_pcap
 from orchestrator.plan.expand import expand
 from orchestrator.plan.loader import load_plan
+from schemas.flag import Flag, parse_line, unique
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.ingest import addr
 from orchestrator.ingest.iperf3 import Iperf3FormatError, parse_iperf3
 from orchestrator.ingest.pcap import read_pcap
+from orchestrator.storage import addr
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "ingest"
 

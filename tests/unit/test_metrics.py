@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from analysis import metrics as m
-from orchestrator.ingest import records
+from orchestrator.storage import records
 
 WRAP = 1 << 32
 

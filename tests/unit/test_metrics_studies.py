@@ -9,7 +9,7 @@ import pytest
 
 from analysis import metrics as m
 from analysis import significance as sig
-from orchestrator.ingest import records
+from orchestrator.storage import records
 
 MS = 1_000_000
 

@@ -22,8 +22,9 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Packet
 from scapy.utils import PcapWriter
 
-from orchestrator.ingest import addr, pcap_walk, records
+from orchestrator.ingest import pcap_walk
 from orchestrator.ingest.pcap import PcapFormatError, read_pcap, read_pcap_with_stats
+from orchestrator.storage import addr, records
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "ingest"
 REAL = ["eth.pcap", "sll2.pcap", "sll_us.pcap", "eth.pcapng", "multi_if.pcapng", "v6.pcap"]

@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.ingest import addr, qdelay, records
+from orchestrator.ingest import qdelay
 from orchestrator.ingest.pcap import read_pcap
 from orchestrator.ingest.qdelay_stream import Spool, pair_stream
 from orchestrator.ingest.synth import write_bottleneck_pcap
+from orchestrator.storage import addr, records
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "ingest"
 SRC, DST = addr.packed("10.0.3.2"), addr.packed("10.0.1.2")

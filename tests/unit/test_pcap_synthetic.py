@@ -16,8 +16,9 @@ from scapy.layers.l2 import ARP, CookedLinux, CookedLinuxV2, Dot1AD, Dot1Q
 from scapy.packet import Raw
 from test_pcap import ETH, FIX, T0, TS, assert_same_packets, tshark_packets, view, write
 
-from orchestrator.ingest import addr, pcap_cdecode
+from orchestrator.ingest import pcap_cdecode
 from orchestrator.ingest.pcap import PcapReader, decoder_kind, read_pcap, read_pcap_with_stats
+from orchestrator.storage import addr
 
 needs_tshark = pytest.mark.skipif(shutil.which("tshark") is None, reason="tshark not installed: no cross-check")
 

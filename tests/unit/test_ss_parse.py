@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.ingest import records
 from orchestrator.ingest.ss import SsFormatError, parse_ss, parse_ss_with_stats
+from orchestrator.storage import records
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "ss"
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.ingest import addr
 from orchestrator.ingest.pcap import read_pcap
 from orchestrator.ingest.tcp_probe import TcpProbeFormatError, parse_tcp_probe, parse_tcp_probe_with_stats
+from orchestrator.storage import addr
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "ingest"
 TRACE = (FIX / "tcp_probe_trace.txt").read_text()

@@ -1,7 +1,7 @@
 """run.flags: each flag a JSON object {guard, host, message, accepted, evidence} instead of a line of text.
 
 Older runs stored lines in five formats; each is read into an object here (a frozen copy of the rule in
-orchestrator/guards/flag.py as of this revision), so every run in the database has flags of one shape.
+schemas/flag.py as of this revision), so every run in the database has flags of one shape.
 Downgrade writes the lines back (`accepted G-NETEM host aqm: message`).
 
 Revision ID: 0005

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from orchestrator.ingest import addr, records
+from orchestrator.storage import addr, records
 
 _KEY = np.dtype([(n, records.PACKET.fields[n][0]) for n in records.CONN_FIELDS])
 _WORDS = _KEY.itemsize // 4
