@@ -17,7 +17,7 @@ from sqlalchemy.engine import Engine
 
 from analysis.load import iter_runs
 from analysis.runstats import RunAnalysis, analyse
-from analysis.select import Selection, resolve
+from analysis.select import Selection, select
 from analysis.significance import welch_t_test
 from analysis.summary import fmt_num, render_plain
 
@@ -101,7 +101,7 @@ def format_comparison(sel_a: Selection, sel_b: Selection, rows: Sequence[Compari
 
 def compare(engine: Engine, selector_a: str, selector_b: str) -> tuple[Selection, Selection, list[ComparisonRow]]:
     """Resolve both selectors (SelectorError if either names no run), analyse their runs, compare."""
-    sel_a, sel_b = resolve(engine, selector_a), resolve(engine, selector_b)
+    sel_a, sel_b = select(engine, selector_a), select(engine, selector_b)
     # a run in both selections is loaded and analysed once
     ids = list(dict.fromkeys(sel_a.run_ids + sel_b.run_ids))
     done = {r.run_id: r for r in (analyse(d) for d in iter_runs(engine, ids, detail=True))}

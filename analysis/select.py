@@ -1,11 +1,11 @@
-"""Selectors: which runs a report or comparison is about, named by run id, plan, campaign or experiment.
+"""Selectors: which runs a report or comparison is about, named by run id, plan, tag or experiment.
 
 A selector is `KIND:NAME` or a bare NAME:
   run:ID            one run (any status)
   plan:NAME         every complete run of a plan (run.plan_name)
-  campaign:TAG      every complete run carrying the tag (run.tags; `campaign:TAG` and `TAG` tags both match)
+  tag:TAG           every complete run carrying the tag (run.tags: the plan's tags and the testbed's)
   experiment:[PLAN/]NAME   every complete run of an experiment (optionally of one plan)
-A bare NAME is tried as a run id, then a plan name, then a campaign tag, then an experiment, and the
+A bare NAME is tried as a run id, then a plan name, then a tag, then an experiment, and the
 first kind that matches wins. Errors are values (SelectorError with the selector) raised here and
 shown once by the CLI.
 """
@@ -18,7 +18,7 @@ from sqlalchemy.engine import Engine
 
 from orchestrator.storage import tables as T
 
-KINDS = ("run", "plan", "campaign", "experiment")
+KINDS = ("run", "plan", "tag", "experiment")
 
 
 class SelectorError(ValueError):
@@ -70,13 +70,13 @@ def _matches(kind: str, name: str, run: _RunIndex) -> bool:
         return False
     if kind == "plan":
         return run.plan_name == name
-    if kind == "campaign":
-        return name in run.tags or f"campaign:{name}" in run.tags
+    if kind == "tag":
+        return name in run.tags
     plan, _, exp = name.rpartition("/")
     return run.experiment == exp and (not plan or run.plan_name == plan)
 
 
-def resolve(engine: Engine, selector: str) -> Selection:
+def select(engine: Engine, selector: str) -> Selection:
     """The runs a selector names; SelectorError if it names none or its kind is unknown."""
     kind, sep, name = selector.partition(":")
     if sep and kind in KINDS:
@@ -92,14 +92,14 @@ def resolve(engine: Engine, selector: str) -> Selection:
         ids = tuple(r.run_id for r in runs if _matches(k, name, r))
         if ids:
             return Selection(selector, k, name, ids)
-    what = kinds[0] if len(kinds) == 1 else "run id, plan, campaign tag or experiment"
+    what = kinds[0] if len(kinds) == 1 else "run id, plan, tag or experiment"
     raise SelectorError(selector, f"no {what} of that name with complete runs in the database "
                                   f"({len(runs)} runs stored)")
 
 
-def resolve_all(engine: Engine, selectors: list[str]) -> list[str]:
+def select_all(engine: Engine, selectors: list[str]) -> list[str]:
     """Run ids of several selectors, in selector order, each run once."""
     out: list[str] = []
     for s in selectors:
-        out += [i for i in resolve(engine, s).run_ids if i not in out]
+        out += [i for i in select(engine, s).run_ids if i not in out]
     return out

@@ -135,13 +135,13 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from analysis.report import write_report
-    from analysis.select import SelectorError, resolve_all
+    from analysis.select import SelectorError, select_all
     from orchestrator.storage.db import open_db
 
     db = open_db(args.db)
     selectors = [*(args.selectors or []), *(f"run:{r}" for r in args.run or [])]
     try:
-        run_ids = resolve_all(db, selectors) if selectors else None
+        run_ids = select_all(db, selectors) if selectors else None
     except SelectorError as exc:
         console.print(f"[red]report: no runs for {exc}[/red]")
         return 2
@@ -234,14 +234,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("report", help="write the HTML report and CSV tables (docs/reports.md)")
     rep.add_argument("selectors", nargs="*", metavar="RUN|PLAN|CAMPAIGN",
-                     help="run id, plan name, campaign tag or experiment, optionally as kind:name "
-                          "(run:, plan:, campaign:, experiment:[PLAN/]); none = every complete run")
+                     help="run id, plan name, tag or experiment, optionally as kind:name "
+                          "(run:, plan:, tag:, experiment:[PLAN/]); none = every complete run")
     rep.add_argument("--db", default=None)
     rep.add_argument("--out", default="results")
     rep.add_argument("--run", action="append", help="restrict to these run ids")
     rep.set_defaults(func=cmd_report)
 
-    cmp = sub.add_parser("compare", help="two runs, plans, campaigns or experiments side by side")
+    cmp = sub.add_parser("compare", help="two runs, plans, tags or experiments side by side")
     cmp.add_argument("a", metavar="A", help="selector (as for report)")
     cmp.add_argument("b", metavar="B", help="selector (as for report)")
     cmp.add_argument("--db", default=None)

@@ -99,7 +99,7 @@ class RunSpec(_Strict):
     run_id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$")
     plan_name: str
     experiment: str
-    tags: list[str] = Field(default_factory=list, description="the plan's tags (campaign selection, G-VM)")
+    tags: list[str] = Field(default_factory=list, description="the plan's tags (report selection `tag:`, G-VM)")
     cell: int = Field(default=0, description="matrix cell within the experiment (shared by its arms)")
     repetition: int = 0
     seed: int = 0

@@ -12,14 +12,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "db"))
 from dbdata import make_run_ingest  # noqa: E402
 
 from analysis import compare as cmp  # noqa: E402
-from analysis.select import SelectorError, resolve, resolve_all  # noqa: E402
+from analysis.select import SelectorError, select, select_all  # noqa: E402
 from orchestrator.cli import main  # noqa: E402
 from orchestrator.storage.db import open_db  # noqa: E402
 from orchestrator.storage.writer import write_run  # noqa: E402
 
 RUNS = [  # run_id, plan, experiment, tags, status
-    ("alpha-0", "alpha", "e1", ["smoke", "campaign:nightly"], "complete"),
-    ("alpha-1", "alpha", "e1", ["smoke", "campaign:nightly"], "complete"),
+    ("alpha-0", "alpha", "e1", ["smoke", "nightly"], "complete"),
+    ("alpha-1", "alpha", "e1", ["smoke", "nightly"], "complete"),
     ("alpha-2", "alpha", "e2", ["smoke"], "complete"),
     ("beta-0", "beta", "e1", ["nightly2"], "complete"),
     ("beta-1", "beta", "e1", ["nightly2"], "complete"),
@@ -40,18 +40,18 @@ def db(tmp_path_factory):
 
 def test_selectors_resolve_by_kind_and_bare_name(db):
     _, engine = db
-    assert resolve(engine, "alpha-1").run_ids == ("alpha-1",) and resolve(engine, "alpha-1").kind == "run"
-    assert resolve(engine, "alpha").run_ids == ("alpha-0", "alpha-1", "alpha-2")
-    assert resolve(engine, "plan:beta").run_ids == ("beta-0", "beta-1")            # failed run left out
-    assert resolve(engine, "run:beta-bad").run_ids == ("beta-bad",)                # unless asked by id
-    assert resolve(engine, "campaign:nightly").run_ids == ("alpha-0", "alpha-1")   # `campaign:` tag
-    assert resolve(engine, "nightly2").kind == "campaign"                          # bare tag
-    assert resolve(engine, "experiment:beta/e1").run_ids == ("beta-0", "beta-1")
-    assert resolve(engine, "e2").run_ids == ("alpha-2",)
-    assert resolve_all(engine, ["alpha-2", "plan:alpha"]) == ["alpha-2", "alpha-0", "alpha-1"]
+    assert select(engine, "alpha-1").run_ids == ("alpha-1",) and select(engine, "alpha-1").kind == "run"
+    assert select(engine, "alpha").run_ids == ("alpha-0", "alpha-1", "alpha-2")
+    assert select(engine, "plan:beta").run_ids == ("beta-0", "beta-1")            # failed run left out
+    assert select(engine, "run:beta-bad").run_ids == ("beta-bad",)                # unless asked by id
+    assert select(engine, "tag:nightly").run_ids == ("alpha-0", "alpha-1")        # a tag
+    assert select(engine, "nightly2").kind == "tag"                               # bare tag
+    assert select(engine, "experiment:beta/e1").run_ids == ("beta-0", "beta-1")
+    assert select(engine, "e2").run_ids == ("alpha-2",)
+    assert select_all(engine, ["alpha-2", "plan:alpha"]) == ["alpha-2", "alpha-0", "alpha-1"]
     for bad in ("nope", "plan:nope", "bogus:alpha", "run:"):
         with pytest.raises(SelectorError):
-            resolve(engine, bad)
+            select(engine, bad)
 
 
 def test_compare_two_plans_welch_over_runs(db):
@@ -97,7 +97,7 @@ def test_cli_compare_and_report_exit_codes(db, tmp_path, capsys):
         main(["report", "nope", "--db", url, "--out", str(tmp_path / "r0")])
     assert done.value.code == 2
     with pytest.raises(SystemExit) as done:
-        main(["report", "campaign:nightly", "--db", url, "--out", str(tmp_path / "r1")])
+        main(["report", "tag:nightly", "--db", url, "--out", str(tmp_path / "r1")])
     assert done.value.code == 0
     page = (tmp_path / "r1" / "report.html").read_text()
     tbody = page[page.index("<tbody>"):page.index("</tbody>")]
