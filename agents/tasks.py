@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agents import procs
 from agents.host.argv import tc_handle
 from agents.host.capabilities import tracefs_root
+from common import procs
 from schemas import protocol
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-from agents import procs
+from common import procs
 from orchestrator.agent_client import AgentClient
 from orchestrator.lab.topology import PREFIX, Topology, build_argv, neigh_argv, netns_topology
 

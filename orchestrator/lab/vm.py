@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from agents import procs
+from common import procs
 from orchestrator.agent_client import AgentClient
 from orchestrator.lab import netns, vm_guest, vm_image
 from orchestrator.lab.netns import LAB_PREFIX, STATE_DIR, LabError, inventory_path

@@ -7,14 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from agents.host import ethtool
+from agents.host import ethtool, neighbours
 from agents.host.executor import InterfaceSnapshot, Snapshot, snapshot_differences
 from orchestrator.engine import verify
 from orchestrator.engine.resolve import ResolveError, host_states, peer_neighbours
 from orchestrator.inventory import Inventory
 from orchestrator.plan.expand import expand
 from orchestrator.plan.loader import load_plan_text
+from schemas import nic
 from schemas.hoststate import HostState, InterfaceState
+from schemas.neighbours import permanent_neighbours
 from schemas.protocol import Capabilities, InterfaceReadback, Readback
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "ethtool"
@@ -67,7 +69,7 @@ def test_argv_builders():
         ethtool.coalesce_argv("eth1", {"rx-usecs; reboot": 0})
     assert ethtool.pause_argv("eth1", {"tx": False, "autoneg": False, "rx": False}) == [
         "ethtool", "-A", "eth1", "autoneg", "off", "rx", "off", "tx", "off"]
-    assert ethtool.neigh_replace_argv("to-aqm", "10.0.0.1", "52:54:00:00:00:01") == [
+    assert neighbours.replace_argv("to-aqm", "10.0.0.1", "52:54:00:00:00:01") == [
         "ip", "neigh", "replace", "10.0.0.1", "lladdr", "52:54:00:00:00:01", "dev", "to-aqm", "nud", "permanent"]
 
 
@@ -77,7 +79,7 @@ NEIGH = json.loads('[{"dst":"10.199.1.254","lladdr":"52:54:00:7c:01:fe","state":
 
 
 def test_permanent_neighbours():
-    assert ethtool.permanent_neighbours(NEIGH) == {"10.199.1.254": "52:54:00:7c:01:fe"}
+    assert permanent_neighbours(NEIGH) == {"10.199.1.254": "52:54:00:7c:01:fe"}
 
 
 def _rb(**iface) -> Readback:
@@ -201,3 +203,13 @@ def test_reset_comparison_names_every_leftover():
         "eth1 root qdisc htb != snapshot pfifo_fast",
         "eth1 coalesce {'rx-usecs': 8} != snapshot {'rx-usecs': 0}",
         "eth1 neighbours {} != snapshot {'10.0.0.1': 'aa:bb:cc:dd:ee:ff'}"]
+
+
+def test_plan_names_match_the_nic_tables_both_sides_use():
+    """The plan accepts exactly the NIC setting names the agent can apply and the manager can verify: a name
+    added to one and not the other would be refused by the agent mid-campaign, or never checked on read-back."""
+    schema = json.loads((Path(__file__).resolve().parents[2] / "schemas" / "plan.schema.json").read_text())
+    props = schema["$defs"]["HostSettings"]["properties"]
+    assert set(props["offloads"]["propertyNames"]["enum"]) == set(nic.OFFLOAD_LONG_NAMES)
+    assert set(props["coalesce"]["propertyNames"]["enum"]) == nic.COALESCE_NAMES
+    assert tuple(props["pause"]["propertyNames"]["enum"]) == nic.PAUSE_NAMES
