@@ -49,6 +49,8 @@ def test_unsupported_is_told_apart_from_failure():
     stderr = (FIX / "veth_coalesce.stderr").read_text()
     rc = int((FIX / "veth_coalesce.rc").read_text())
     assert ethtool.unsupported_reason(rc, stderr) == "netlink error: Operation not supported"
+    with pytest.raises(ethtool.EthtoolParseError):   # the refusal's empty stdout is not "no parameters"
+        ethtool.parse_coalesce((FIX / "veth_coalesce.txt").read_text())
     assert ethtool.unsupported_reason(1, "netlink error: No such device") is None
     assert ethtool.unsupported_reason(0, "") is None
     pause_rc = int((FIX / "veth_pause_json.rc").read_text())
@@ -213,3 +215,11 @@ def test_plan_names_match_the_nic_tables_both_sides_use():
     assert set(props["offloads"]["propertyNames"]["enum"]) == set(nic.OFFLOAD_LONG_NAMES)
     assert set(props["coalesce"]["propertyNames"]["enum"]) == nic.COALESCE_NAMES
     assert tuple(props["pause"]["propertyNames"]["enum"]) == nic.PAUSE_NAMES
+
+
+def test_offload_long_names_are_what_ethtool_reports():
+    """Every short name maps to the feature `ethtool --json -k` really reports (ethtool 6.1, virtio_net in the
+    VM lab's aqm guest, tests/fixtures/tc/README.md): a misspelt long name would make read-back miss it."""
+    reported = json.loads((FIX.parent / "tc" / "virtio_net_ethtool_k.json").read_text())[0]
+    assert {short: long for short, long in nic.OFFLOAD_LONG_NAMES.items() if long not in reported} == {}
+    assert set(reported["tcp-segmentation-offload"]) == {"active", "fixed", "requested"}
