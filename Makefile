@@ -56,7 +56,7 @@ test: setup vm-deps postgres
 	TCPLAB_TEST_PG=$(PG_ADMIN_URL) $(VENV)/bin/pytest -q -rs
 
 lint: venv
-	$(VENV)/bin/ruff check orchestrator agents analysis schemas tests bench
+	$(VENV)/bin/ruff check orchestrator agents analysis schemas common tests bench
 
 clean:
 	-$(TCPLAB) lab down
