@@ -14,8 +14,8 @@ from pathlib import Path
 from websockets.asyncio.server import ServerConnection
 
 from agents.host.capabilities import probe
+from agents.host.errors import StateError
 from agents.host.executor import HostStateExecutor
-from agents.host.state import StateError
 from agents.session import AgentSession, Dispatch, encode_error, encode_event, encode_result
 from agents.tasks import TaskRunner, make_runner
 from schemas import protocol
@@ -195,8 +195,8 @@ def _sha256(path: Path) -> str:
 
 def ensure_tracefs() -> None:
     """`ip netns exec` remounts /sys without tracefs: mount it in the agent's own mount namespace."""
-    from agents import procs
     from agents.host.capabilities import tracefs_root
+    from schemas import procs
 
     if tracefs_root() is None and os.path.isdir("/sys/kernel/tracing"):
         procs.run(["mount", "-t", "tracefs", "nodev", "/sys/kernel/tracing"], check=False)

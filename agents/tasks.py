@@ -14,10 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agents import procs
 from agents.host.argv import tc_handle
 from agents.host.capabilities import tracefs_root
-from schemas import protocol
+from schemas import procs, protocol
 
 
 async def sleep_until(t_ns: int) -> None:

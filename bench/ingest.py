@@ -3,7 +3,7 @@
 Usage: .venv/bin/python bench/ingest.py [PCAP] [--packets N] [--tshark-count N] [--big] [--one-core CPU]
                                        [--pg URL]
 
-Without PCAP it synthesises a realistic capture first (orchestrator/ingest/synth.py: 16 bulk TCP
+Without PCAP it synthesises a realistic capture first (tests/support/synth.py: 16 bulk TCP
 flows through a 600 Mbit/s bottleneck, full-size data segments with timestamps and ECN, one ACK per
 two segments; N data packets, default 2,000,000 -> about 3 M packets). Then, measured in this run:
 - tcplab: a child process streams the capture through the reader into a throwaway PostgreSQL
@@ -40,6 +40,11 @@ TSHARK_FIELDS = ["frame.time_epoch", "ip.src", "ip.dst", "ipv6.src", "ipv6.dst",
                  "ipv6.plen", "tcp.flags", "ip.dsfield.ecn", "ipv6.tclass", "ip.id",
                  "tcp.options.timestamp.tsval", "tcp.options.timestamp.tsecr"]
 ADMIN_DEFAULT = "postgresql://postgres@127.0.0.1:5432/postgres"
+# the synthetic capture generator is test support (tests/support/synth.py), not part of the installed package:
+# import it from this repository
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
 
 
 def _admin_url(arg: str | None) -> str:
@@ -125,7 +130,7 @@ def run_tshark(pcap: Path, count: int) -> tuple[float, int] | None:
 
 
 def synthesise(path: Path, data_packets: int) -> float:
-    from orchestrator.ingest.synth import write_bottleneck_pcap
+    from tests.support.synth import write_bottleneck_pcap
 
     t = time.perf_counter()
     write_bottleneck_pcap(path, data_packets)

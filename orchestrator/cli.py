@@ -110,10 +110,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from orchestrator.engine.plan_run import run_plan
+    from orchestrator.inventory import InventoryError
 
-    return asyncio.run(run_plan(args.plan, db_url=args.db, inventory=args.inventory,
-                                results=args.results, force=args.force, console=console,
-                                progress_factory=_progress))
+    try:
+        return asyncio.run(run_plan(args.plan, db_url=args.db, inventory=args.inventory,
+                                    results=args.results, force=args.force, console=console,
+                                    progress_factory=_progress))
+    except InventoryError as exc:
+        console.print(str(exc), markup=False, soft_wrap=True)
+        return 2
 
 
 def _progress() -> Progress:

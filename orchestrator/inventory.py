@@ -1,17 +1,25 @@
 """The testbed inventory the manager uses: roles -> agent endpoints and data interfaces.
 
-The netns lab writes it (`/run/tcplab/inventory.json`); a physical testbed provides the same shape.
+The netns and VM labs write it (`/run/tcplab/inventory.json`); a physical testbed provides the same shape.
+Every model refuses keys it does not know: a typo in a hand-written inventory (`tovard:` for `toward:`)
+must stop the run with the file, the field path and the line, not pass silently with a default.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class InventoryError(ValueError):
+    """An inventory file that cannot be read or does not fit the models; the message names file, field, line."""
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class InterfaceEntry(_Strict):
@@ -42,6 +50,11 @@ class Inventory(_Strict):
     kind: str
     token_file: str
     hosts: dict[str, HostEntry]
+    # the labs' own bookkeeping in the same file (orchestrator/lab); the manager does not read it
+    prefix: str | None = Field(None, description="lab: namespace/interface name prefix")
+    supervisor_pid: int | None = Field(None, description="lab: pid of the lab supervisor")
+    processes: list[dict[str, Any]] = Field(default_factory=list, description="lab: the supervisor's extra children")
+    vm: dict[str, Any] | None = Field(None, description="VM lab: kernel image, guests, boot time")
 
     @property
     def token(self) -> bytes:
@@ -56,4 +69,62 @@ class Inventory(_Strict):
 def load_inventory(path: Path) -> Inventory:
     if not path.exists():
         raise FileNotFoundError(f"{path}: no inventory (is the lab up? run `tcplab lab up`)")
-    return Inventory.model_validate(json.loads(path.read_text()))
+    text = path.read_text()
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InventoryError(f"{path}:{exc.lineno}:{exc.colno}: not JSON: {exc.msg}") from None
+    try:
+        return Inventory.model_validate(doc)
+    except ValidationError as exc:
+        raise InventoryError(_describe(path, text, exc)) from None
+
+
+def _describe(path: Path, text: str, exc: ValidationError) -> str:
+    """One line per problem: `FILE:LINE: field.path: what is wrong`."""
+    lines = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        where = ".".join(str(p) for p in loc) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            model = _model_at(loc[:-1])
+            known = f" (expected one of: {', '.join(sorted(model.model_fields))})" if model else ""
+            what = f"unknown field {loc[-1]!r}{known}"
+        else:
+            what = err["msg"]
+        line = _line_of(text, loc)
+        lines.append(f"{path}{f':{line}' if line else ''}: {where}: {what}")
+    return "inventory refused:\n  " + "\n  ".join(lines)
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The model whose field set applies at `loc` (a path of field names and dict keys)."""
+    model: type[BaseModel] = Inventory
+    i = 0
+    while i < len(loc):
+        step = {(Inventory, "hosts"): HostEntry, (HostEntry, "interfaces"): InterfaceEntry}.get((model, loc[i]))
+        if step is None or i + 1 >= len(loc):
+            return None
+        model, i = step, i + 2        # the field name, then the dict key (role or interface name)
+    return model
+
+
+def _line_of(text: str, loc: tuple) -> int | None:
+    """1-based line of the key (or value) at `loc`; JSON is YAML, whose parser keeps positions."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return None
+    line = None
+    for step in loc:
+        if isinstance(node, yaml.MappingNode):
+            hit = next(((k, v) for k, v in node.value if k.value == str(step)), None)
+            if hit is None:
+                return line
+            line, node = hit[0].start_mark.line + 1, hit[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(step, int) and step < len(node.value):
+            node = node.value[step]
+            line = node.start_mark.line + 1
+        else:
+            return line
+    return line

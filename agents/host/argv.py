@@ -22,24 +22,7 @@ from schemas.hoststate import (
     Red,
     Tbf,
 )
-
-# ethtool -K short name -> the long name `ethtool -k` / `--json -k` reports
-OFFLOAD_LONG_NAMES = {
-    "tso": "tcp-segmentation-offload",
-    "gso": "generic-segmentation-offload",
-    "gro": "generic-receive-offload",
-    "lro": "large-receive-offload",
-    "sg": "scatter-gather",
-    "tx": "tx-checksumming",
-    "rx": "rx-checksumming",
-    "rxvlan": "rx-vlan-offload",
-    "txvlan": "tx-vlan-offload",
-    "rxhash": "receive-hashing",
-    "ntuple": "ntuple-filters",
-    "tx-gso-partial": "tx-gso-partial",
-    "rx-gro-list": "rx-gro-list",
-    "rx-udp-gro-forwarding": "rx-udp-gro-forwarding",
-}
+from schemas.nic import OFFLOAD_LONG_NAMES
 
 # stages that cannot take a child qdisc at i:1 (every AQM is a leaf; netem, htb and tbf have one class)
 LEAF_ONLY = frozenset({"pfifo", "bfifo", "red", "fq_codel", "codel", "pie", "fq_pie", "cake", "dualpi2", "fq",

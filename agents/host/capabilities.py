@@ -13,9 +13,10 @@ from pathlib import Path
 from pyroute2 import DiagSocket
 from pyroute2.netlink.exceptions import NetlinkError
 
-from agents import procs
-from agents.host.argv import OFFLOAD_LONG_NAMES
-from agents.host.state import congestion_controls, read_coalesce, read_driver, read_features, read_pause
+from agents.host.readback import read_coalesce, read_driver, read_features, read_pause
+from agents.host.tunables import congestion_controls
+from schemas import procs
+from schemas.nic import OFFLOAD_LONG_NAMES
 from schemas.protocol import Capabilities
 
 # minimal parameters each qdisc needs to be accepted as a root qdisc

@@ -1,5 +1,4 @@
-"""Pure parsing and argv building for interrupt coalescing (`ethtool -c/-C`), pause frames (`ethtool -a/-A`)
-and static neighbours (`ip neigh`).
+"""Pure parsing and argv building for interrupt coalescing (`ethtool -c/-C`) and pause frames (`ethtool -a/-A`).
 
 ethtool 6.1 prints coalescing only as text (`--json -c` is refused), pause frames as JSON. A driver without
 the operation (veth, virtio for pause) answers "Operation not supported": that is recorded as such, never
@@ -10,16 +9,8 @@ from __future__ import annotations
 import json
 import re
 
-# `ethtool -C` parameter names (as `ethtool -c` prints them) that take an integer
-COALESCE_INT_NAMES = frozenset({
-    "rx-usecs", "rx-frames", "rx-usecs-irq", "rx-frames-irq", "tx-usecs", "tx-frames", "tx-usecs-irq",
-    "tx-frames-irq", "stats-block-usecs", "sample-interval", "pkt-rate-low", "pkt-rate-high",
-    "rx-usecs-low", "rx-frames-low", "tx-usecs-low", "tx-frames-low", "rx-usecs-high", "rx-frames-high",
-    "tx-usecs-high", "tx-frames-high",
-})
-# on/off parameters: `ethtool -c` prints them as "Adaptive RX: on  TX: off" / "CQE mode RX: …  TX: …"
-COALESCE_BOOL_NAMES = frozenset({"adaptive-rx", "adaptive-tx", "cqe-mode-rx", "cqe-mode-tx"})
-COALESCE_NAMES = COALESCE_INT_NAMES | COALESCE_BOOL_NAMES
+from schemas.nic import COALESCE_BOOL_NAMES, COALESCE_INT_NAMES, COALESCE_NAMES, PAUSE_NAMES
+
 # ethtool -c prints "rx-frame-low" but -C takes "rx-frames-low" (ethtool 6.1 source, netlink/coalesce.c)
 _PRINTED_ALIASES = {"rx-frame-low": "rx-frames-low", "tx-frame-low": "tx-frames-low",
                     "rx-frame-high": "rx-frames-high", "tx-frame-high": "tx-frames-high"}
@@ -90,30 +81,7 @@ def coalesce_argv(dev: str, values: dict[str, int | bool]) -> list[str]:
 
 def pause_argv(dev: str, pause: dict[str, bool]) -> list[str]:
     argv = ["ethtool", "-A", dev]
-    for name in ("autoneg", "rx", "tx"):
+    for name in PAUSE_NAMES:
         if name in pause:
             argv += [name, "on" if pause[name] else "off"]
     return argv
-
-
-def coalesce_is_off(values: dict[str, int | bool]) -> bool:
-    """Requests that mean "no coalescing": satisfied trivially by a driver that has no coalescing at all."""
-    return all(not v for v in values.values())
-
-
-def neigh_show_argv(dev: str) -> list[str]:
-    return ["ip", "-j", "neigh", "show", "dev", dev]
-
-
-def neigh_replace_argv(dev: str, addr: str, lladdr: str) -> list[str]:
-    return ["ip", "neigh", "replace", addr, "lladdr", lladdr, "dev", dev, "nud", "permanent"]
-
-
-def neigh_delete_argv(dev: str, addr: str) -> list[str]:
-    return ["ip", "neigh", "del", addr, "dev", dev]
-
-
-def permanent_neighbours(entries: list[dict]) -> dict[str, str]:
-    """`ip -j neigh show` entries -> {address: lladdr} of the PERMANENT ones."""
-    return {e["dst"]: e.get("lladdr", "").lower() for e in entries
-            if "PERMANENT" in e.get("state", []) and "lladdr" in e}

@@ -8,25 +8,23 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from agents import procs
-from agents.host import ethtool
-from agents.host.argv import OFFLOAD_LONG_NAMES, chain_argv, offload_argv, readback_argv, root_delete_argv
-from agents.host.state import (
-    StateError,
+from agents.host import ethtool, neighbours
+from agents.host.argv import chain_argv, offload_argv, readback_argv, root_delete_argv
+from agents.host.errors import StateError
+from agents.host.readback import read_coalesce, read_features, read_neighbours, read_pause, readback
+from agents.host.tunables import (
     ensure_module,
     module_param_path,
-    read_coalesce,
-    read_features,
     read_module_param,
-    read_neighbours,
-    read_pause,
     read_sysctl,
-    readback,
     sysctl_path,
     write_module_param,
     write_sysctl,
 )
+from schemas import procs
 from schemas.hoststate import HostState, InterfaceState
+from schemas.neighbours import permanent_neighbours
+from schemas.nic import OFFLOAD_LONG_NAMES
 from schemas.protocol import Readback
 
 
@@ -54,7 +52,7 @@ def snapshot_interface(dev: str) -> InterfaceSnapshot:
         features={short: bool(feats[long]["active"]) for short, long in OFFLOAD_LONG_NAMES.items() if long in feats},
         root_kind=root[0]["kind"] if root else "noqueue",
         coalesce=read_coalesce(dev)[0], pause=read_pause(dev)[0],
-        neighbours=ethtool.permanent_neighbours(read_neighbours(dev)))
+        neighbours=permanent_neighbours(read_neighbours(dev)))
 
 
 def take_snapshot(interfaces: list[str], sysctl_names: list[str]) -> Snapshot:
@@ -128,7 +126,7 @@ class HostStateExecutor:
         self._apply_coalesce(dev, ifstate.coalesce)
         self._apply_pause(dev, ifstate.pause)
         for addr, lladdr in ifstate.neighbours.items():
-            procs.run(ethtool.neigh_replace_argv(dev, addr, lladdr))
+            procs.run(neighbours.replace_argv(dev, addr, lladdr))
         self._reset_root(dev)
         for argv in chain_argv(dev, list(ifstate.qdiscs)):
             try:
@@ -212,10 +210,10 @@ class HostStateExecutor:
             self._apply_coalesce(dev, snap.coalesce)
         if snap.pause is not None:
             self._apply_pause(dev, snap.pause)
-        now = ethtool.permanent_neighbours(read_neighbours(dev))
+        now = permanent_neighbours(read_neighbours(dev))
         for addr, lladdr in now.items():
             if snap.neighbours.get(addr) != lladdr:
-                procs.run(ethtool.neigh_delete_argv(dev, addr), check=False)
+                procs.run(neighbours.delete_argv(dev, addr), check=False)
         for addr, lladdr in snap.neighbours.items():
             if now.get(addr) != lladdr:
-                procs.run(ethtool.neigh_replace_argv(dev, addr, lladdr))
+                procs.run(neighbours.replace_argv(dev, addr, lladdr))

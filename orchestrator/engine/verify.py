@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import re
 
-from agents.host.argv import OFFLOAD_LONG_NAMES
-from agents.host.ethtool import permanent_neighbours
 from orchestrator.plan.runspec import RunSpec
 from schemas import protocol
 from schemas.flag import Flag
@@ -29,6 +27,8 @@ from schemas.hoststate import (
     Red,
     Tbf,
 )
+from schemas.neighbours import permanent_neighbours
+from schemas.nic import OFFLOAD_LONG_NAMES
 
 SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)([KMG]?)b$")
 

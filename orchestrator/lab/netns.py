@@ -21,9 +21,9 @@ from pathlib import Path
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-from agents import procs
 from orchestrator.agent_client import AgentClient
 from orchestrator.lab.topology import PREFIX, Topology, build_argv, neigh_argv, netns_topology
+from schemas import procs
 
 log = logging.getLogger("tcplab.lab")
 STATE_DIR = Path(os.environ.get("TCPLAB_LAB_DIR", "/run/tcplab"))

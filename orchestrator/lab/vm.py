@@ -31,7 +31,6 @@ import sys
 import time
 from pathlib import Path
 
-from agents import procs
 from orchestrator.agent_client import AgentClient
 from orchestrator.lab import netns, vm_guest, vm_image
 from orchestrator.lab.netns import LAB_PREFIX, STATE_DIR, LabError, inventory_path
@@ -49,6 +48,7 @@ from orchestrator.lab.vm_config import (
     virtiofsd_argv,
     vm_dir,
 )
+from schemas import procs
 
 log = logging.getLogger("tcplab.lab")
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 # 100 bytes per packet. Addresses are raw bytes, IPv4 in the first 4 of the 16 (rest zero), IPv6 all
-# 16; `ipv` says which. orchestrator/ingest/addr.py formats them (once per distinct address).
+# 16; `ipv` says which. orchestrator/storage/addr.py formats them (once per distinct address).
 PACKET = np.dtype([
     ("ts_ns", "i8"),
     ("src_addr", "V16"), ("dst_addr", "V16"),

@@ -267,4 +267,3 @@ Index("ix_iperf_interval_run_id", iperf_interval.c.run_id)
 
 PARTITION_SCHEMA = "tcplab_part"
 PARTITIONED_TABLES = (packet, qdelay, tcp_probe, qdisc_sample, ss_sample)   # keyed by run_key
-PER_RUN_BULK_TABLES = (*PARTITIONED_TABLES, iperf_interval)

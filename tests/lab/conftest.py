@@ -16,6 +16,14 @@ from orchestrator.inventory import Inventory, load_inventory
 from orchestrator.lab import netns
 
 TEST_PREFIX = os.environ.get("TCPLAB_TEST_PREFIX", "tcplabtest")  # parallel sessions need their own
+LAB_TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/lab/ carries the `lab` marker, so `-m "not lab"` leaves them all out."""
+    for item in items:
+        if item.path.is_relative_to(LAB_TESTS):
+            item.add_marker(pytest.mark.lab)
 
 
 def lab_unavailable() -> str | None:

@@ -7,14 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from agents.host import ethtool
+from agents.host import ethtool, neighbours
 from agents.host.executor import InterfaceSnapshot, Snapshot, snapshot_differences
 from orchestrator.engine import verify
 from orchestrator.engine.bind import BindError, host_states, peer_neighbours
 from orchestrator.inventory import Inventory
 from orchestrator.plan.expand import expand
 from orchestrator.plan.loader import load_plan_text
+from schemas import nic
 from schemas.hoststate import HostState, InterfaceState
+from schemas.neighbours import permanent_neighbours
 from schemas.protocol import Capabilities, InterfaceReadback, Readback
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "ethtool"
@@ -47,6 +49,8 @@ def test_unsupported_is_told_apart_from_failure():
     stderr = (FIX / "veth_coalesce.stderr").read_text()
     rc = int((FIX / "veth_coalesce.rc").read_text())
     assert ethtool.unsupported_reason(rc, stderr) == "netlink error: Operation not supported"
+    with pytest.raises(ethtool.EthtoolParseError):   # the refusal's empty stdout is not "no parameters"
+        ethtool.parse_coalesce((FIX / "veth_coalesce.txt").read_text())
     assert ethtool.unsupported_reason(1, "netlink error: No such device") is None
     assert ethtool.unsupported_reason(0, "") is None
     pause_rc = int((FIX / "veth_pause_json.rc").read_text())
@@ -67,7 +71,7 @@ def test_argv_builders():
         ethtool.coalesce_argv("eth1", {"rx-usecs; reboot": 0})
     assert ethtool.pause_argv("eth1", {"tx": False, "autoneg": False, "rx": False}) == [
         "ethtool", "-A", "eth1", "autoneg", "off", "rx", "off", "tx", "off"]
-    assert ethtool.neigh_replace_argv("to-aqm", "10.0.0.1", "52:54:00:00:00:01") == [
+    assert neighbours.replace_argv("to-aqm", "10.0.0.1", "52:54:00:00:00:01") == [
         "ip", "neigh", "replace", "10.0.0.1", "lladdr", "52:54:00:00:00:01", "dev", "to-aqm", "nud", "permanent"]
 
 
@@ -77,7 +81,7 @@ NEIGH = json.loads('[{"dst":"10.199.1.254","lladdr":"52:54:00:7c:01:fe","state":
 
 
 def test_permanent_neighbours():
-    assert ethtool.permanent_neighbours(NEIGH) == {"10.199.1.254": "52:54:00:7c:01:fe"}
+    assert permanent_neighbours(NEIGH) == {"10.199.1.254": "52:54:00:7c:01:fe"}
 
 
 def _rb(**iface) -> Readback:
@@ -202,3 +206,21 @@ def test_reset_comparison_names_every_leftover():
         "eth1 root qdisc htb != snapshot pfifo_fast",
         "eth1 coalesce {'rx-usecs': 8} != snapshot {'rx-usecs': 0}",
         "eth1 neighbours {} != snapshot {'10.0.0.1': 'aa:bb:cc:dd:ee:ff'}"]
+
+
+def test_plan_names_match_the_nic_tables_both_sides_use():
+    """The plan accepts exactly the NIC setting names the agent can apply and the manager can verify: a name
+    added to one and not the other would be refused by the agent mid-campaign, or never checked on read-back."""
+    schema = json.loads((Path(__file__).resolve().parents[2] / "schemas" / "plan.schema.json").read_text())
+    props = schema["$defs"]["HostSettings"]["properties"]
+    assert set(props["offloads"]["propertyNames"]["enum"]) == set(nic.OFFLOAD_LONG_NAMES)
+    assert set(props["coalesce"]["propertyNames"]["enum"]) == nic.COALESCE_NAMES
+    assert tuple(props["pause"]["propertyNames"]["enum"]) == nic.PAUSE_NAMES
+
+
+def test_offload_long_names_are_what_ethtool_reports():
+    """Every short name maps to the feature `ethtool --json -k` really reports (ethtool 6.1, virtio_net in the
+    VM lab's aqm guest, tests/fixtures/tc/README.md): a misspelt long name would make read-back miss it."""
+    reported = json.loads((FIX.parent / "tc" / "virtio_net_ethtool_k.json").read_text())[0]
+    assert {short: long for short, long in nic.OFFLOAD_LONG_NAMES.items() if long not in reported} == {}
+    assert set(reported["tcp-segmentation-offload"]) == {"active", "fixed", "requested"}

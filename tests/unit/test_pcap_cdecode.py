@@ -10,8 +10,8 @@ import pytest
 
 from orchestrator.ingest import pcap, pcap_cdecode
 from orchestrator.ingest.pcap_format import SUPPORTED_LINKTYPES, Frames, iter_frames
-from orchestrator.ingest.synth import write_bottleneck_pcap
 from orchestrator.storage import records
+from tests.support.synth import write_bottleneck_pcap
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "ingest"
 REAL = ["eth.pcap", "sll2.pcap", "sll_us.pcap", "eth.pcapng", "multi_if.pcapng", "v6.pcap"]

@@ -9,8 +9,8 @@ import pytest
 
 from orchestrator.ingest import qdelay
 from orchestrator.ingest.pcap import read_pcap
-from orchestrator.ingest.synth import write_bottleneck_pcap
 from orchestrator.storage import addr, records
+from tests.support.synth import write_bottleneck_pcap
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "ingest"
 SRC, DST = addr.packed("10.0.3.2"), addr.packed("10.0.1.2")

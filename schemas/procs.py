@@ -1,4 +1,5 @@
-"""Running external tools: argv lists only (never a shell), results captured, failures typed."""
+"""Running external tools, for the agents and the labs alike: argv lists only (never a shell), results captured,
+failures typed. It lives in schemas/ because both sides need it and the manager imports no agent code."""
 from __future__ import annotations
 
 import asyncio

@@ -1,0 +1,101 @@
+"""Reading a host's state back: each data interface through tc, ethtool, `ip neigh` and netlink (htb classes),
+and the `Readback` a run records as evidence -- the literal tool output the manager compares with the plan.
+
+A driver that lacks an ethtool operation is recorded as such (`unsupported`), never mistaken for "off".
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from pyroute2 import IPRoute
+
+from agents.host import ethtool, neighbours
+from agents.host.argv import readback_argv, tc_handle
+from agents.host.tunables import congestion_controls, module_param_path, read_module_param, read_sysctl, sysctl_path
+from schemas import procs
+from schemas.protocol import InterfaceReadback, Readback
+
+
+def read_driver(dev: str) -> str:
+    done = procs.run(["ethtool", "-i", dev], check=False)
+    for line in done.stdout.splitlines():
+        if line.startswith("driver:"):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
+def _read_unless_unsupported(argv: list[str], parse):
+    """(parse(stdout), None), or (None, the driver's refusal) when it lacks the operation."""
+    done = procs.run(argv, check=False)
+    if reason := ethtool.unsupported_reason(done.returncode, done.stderr):
+        return None, reason
+    if done.returncode != 0:
+        raise procs.CommandFailed(done.argv, done.returncode, done.stderr)
+    return parse(done.stdout), None
+
+
+def read_coalesce(dev: str) -> tuple[dict[str, int | bool] | None, str | None]:
+    return _read_unless_unsupported(["ethtool", "-c", dev], ethtool.parse_coalesce)
+
+
+def read_pause(dev: str) -> tuple[dict[str, bool] | None, str | None]:
+    return _read_unless_unsupported(["ethtool", "--json", "-a", dev], ethtool.parse_pause_json)
+
+
+def read_neighbours(dev: str) -> list[dict]:
+    return json.loads(procs.run(neighbours.show_argv(dev)).stdout or "[]")
+
+
+def read_features(dev: str) -> dict[str, dict]:
+    out = json.loads(procs.run(readback_argv(dev)["features"]).stdout)
+    return {k: v for k, v in out[0].items() if isinstance(v, dict)}
+
+
+def read_interface(dev: str) -> InterfaceReadback:
+    argv = readback_argv(dev)
+    qdiscs = json.loads(procs.run(argv["tc_qdisc"]).stdout or "[]")
+    coalesce, no_coalesce = read_coalesce(dev)
+    pause, no_pause = read_pause(dev)
+    unsupported = {op: why for op, why in (("coalesce", no_coalesce), ("pause", no_pause)) if why}
+    return InterfaceReadback(
+        tc_qdisc=qdiscs,
+        tc_class_text=procs.run(argv["tc_class_text"]).stdout,
+        htb_classes=read_htb_classes(dev),
+        features=read_features(dev),
+        driver=read_driver(dev),
+        coalesce=coalesce, pause=pause, unsupported=unsupported,
+        neighbours=read_neighbours(dev),
+    )
+
+
+def read_htb_classes(dev: str) -> list[dict]:
+    """htb class parameters over netlink: iproute2 6.1 prints htb classes only as text, even with -j."""
+    with IPRoute() as ipr:
+        idx = ipr.link_lookup(ifname=dev)[0]
+        out = []
+        for msg in ipr.get_classes(index=idx):
+            if msg.get_attr("TCA_KIND") != "htb":
+                continue
+            parms = msg.get_attr("TCA_OPTIONS").get_attr("TCA_HTB_PARMS")
+            handle = msg["handle"]
+            out.append({
+                "classid": tc_handle(handle),
+                "rate_bit": parms["rate"] * 8, "ceil_bit": parms["ceil"] * 8,
+                "quantum_bytes": parms["quantum"], "prio": parms["prio"],
+            })
+        return out
+
+
+def readback(interfaces: list[str], sysctl_names: list[str],
+             module_params: dict[str, list[str]] | None = None) -> Readback:
+    u = os.uname()
+    return Readback(
+        kernel_release=u.release,
+        uname={"sysname": u.sysname, "release": u.release, "version": u.version, "machine": u.machine},
+        congestion_controls=congestion_controls(),
+        sysctls={n: read_sysctl(n) for n in sysctl_names if sysctl_path(n).exists()},
+        module_params={m: {p: read_module_param(m, p) for p in params if module_param_path(m, p).exists()}
+                       for m, params in (module_params or {}).items()},
+        interfaces={dev: read_interface(dev) for dev in interfaces},
+    )
