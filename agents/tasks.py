@@ -272,6 +272,14 @@ def ss_argv(ports: list[int], dst_addrs: list[str]) -> list[str]:
     return argv + (["and", *any_of([["dst", a] for a in addrs])] if dst_addrs else [])
 
 
+def skipped_before(first_ns: int, skip: int, interval_ns: int, stop_ns: int) -> int:
+    """How many of `skip` slots from first_ns on (every interval_ns) fall before stop_ns: a poll that overran
+    the end of the sampling does not count slots that never were to be polled as missed."""
+    if first_ns >= stop_ns:
+        return 0
+    return min(skip, (stop_ns - first_ns - 1) // interval_ns + 1)
+
+
 class SsSample(TaskRunner):
     """Polls `ss -tinH` every interval_ms until stop_ns. The artifact is each poll's literal output
     after a line `@ <start_ns> <end_ns>` (CLOCK_REALTIME before the poll began and after ss exited),
@@ -315,7 +323,8 @@ class SsSample(TaskRunner):
                 now = time.time_ns()
                 if now >= nxt:
                     skip = (now - nxt) // interval + 1
-                    missed, nxt = missed + skip, nxt + skip * interval
+                    missed += skipped_before(nxt, skip, interval, self.spec.stop_ns)
+                    nxt += skip * interval
                 try:
                     await asyncio.wait_for(self.stop_event.wait(), (min(nxt, self.spec.stop_ns) - now) / 1e9)
                 except TimeoutError:

@@ -105,3 +105,11 @@ def test_real_poll_loop_is_bounded_by_stop_and_parses(tmp_path: Path) -> None:
     rows, stats = parse_ss_with_stats(text)
     assert rows.size == 0 and stats.polls == runner.meta["polls"] >= 4 and stats.empty_polls == stats.polls
     assert runner.meta["polls"] + runner.meta["missed"] <= 9
+
+
+def test_an_overrun_past_the_end_counts_only_slots_before_it() -> None:
+    from agents.tasks import skipped_before
+
+    assert skipped_before(100, 3, 50, 1_000) == 3          # all three slots were due
+    assert skipped_before(900, 5, 50, 1_000) == 2          # 900 and 950; 1000.. were never due
+    assert skipped_before(1_000, 2, 50, 1_000) == 0
