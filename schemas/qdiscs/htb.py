@@ -57,8 +57,9 @@ def expected(s: Htb) -> list[Expect]:
     cburst = s.cburst_bytes or s.burst_bytes
     return [
         Expect("default", ("options", "default"), "0x1", (), why="the class every packet goes to"),
-        Expect("rate", ("class", "rate_bit"), s.rate_bit, ("rate_bit",), unit="bit/s"),
-        Expect("ceil", ("class", "ceil_bit"), s.ceil_bit or s.rate_bit, ("ceil_bit",), unit="bit/s"),
+        # tc hands the kernel whole bytes/s: a rate that is not a multiple of 8 bit/s reads back rounded down
+        Expect("rate", ("class", "rate_bit"), s.rate_bit // 8 * 8, ("rate_bit",), unit="bit/s"),
+        Expect("ceil", ("class", "ceil_bit"), (s.ceil_bit or s.rate_bit) // 8 * 8, ("ceil_bit",), unit="bit/s"),
         Expect("quantum", ("class", "quantum_bytes"), s.quantum_bytes, ("quantum_bytes",)),
         Expect("burst", ("class", "burst_bytes"), s.burst_bytes, ("burst_bytes",), tc_size, unit="bytes"),
         Expect("cburst", ("class", "cburst_bytes"), cburst, ("cburst_bytes",), tc_size, unit="bytes"),

@@ -66,6 +66,8 @@ def idle_cell_log(wlog: int, avpkt: int, bandwidth_bit: int) -> int | None:
     per-tick decay of the average while the queue is idle (one avpkt per transmission time)."""
     # tc truncates twice: the transmission time to whole µs, then its ticks to a whole number
     xmit_ticks = math.floor(math.floor(10**6 * avpkt / (bandwidth_bit // 8)) * TICKS_PER_US)
+    if xmit_ticks == 0:   # under 1 µs per packet (> ~8 Gbit/s at 1000 B): tc's decay is infinite, its cell log 0
+        return 0
     decay = -math.log(1.0 - 1.0 / (1 << wlog)) / xmit_ticks
     for clog in range(32):
         if (31 / decay) / (1 << clog) < 512:
