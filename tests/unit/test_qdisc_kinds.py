@@ -272,3 +272,25 @@ def test_a_changed_dualpi2_or_tbf_option_is_named() -> None:
     assert readback_differences(tbf.stage.model_copy(update={"burst_bytes": 65_536, "limit_bytes": 300_000}),
                                 shown(tbf)) == [
         "burst 32768 != 65536 bytes", "lat 18758 != 37514.24 us (limit 300000 B = burst + lat x rate)"]
+
+
+# (min, burst, avpkt, bandwidth bit/s) -> (ewma, Scell_log) as tc 6.1 itself computed them: read from the
+# tc_red_qopt of the netlink message `tc qdisc add ... red` sent (strace -e write=all), for a sample of the
+# study plans' RED stages and of odd sizes and rates (at 10 Gbit/s an avpkt takes under 1 µs: cell log 0)
+TC_RED_LOGS = [
+    ((25_000, 42, 1000, 20_000_000), (5, 14)), ((3000, 3, 1500, 20_000_000), (2, 11)),
+    ((10_625, 8, 1500, 100_000_000), (1, 8)), ((18_750, 3, 9000, 600_000_000), (2, 9)),
+    ((18_750, 32, 1000, 600_000_000), (5, 9)), ((12_500, 21, 1000, 200_000_000), (4, 10)),
+    ((5000, 9, 1000, 20_000_000), (3, 12)), ((1234, 9, 777, 3_333_333), (6, 17)),
+    ((1234, 9, 777, 10_000_000_000), (6, 0)), ((150_000, 120, 1514, 10_000_000_000), (5, 5)),
+    ((150_000, 120, 1514, 99_999_999), (5, 12)), ((3000, 3, 1500, 10_000_000_000), (2, 2)),
+]
+
+
+@pytest.mark.parametrize(("given", "logs"), TC_RED_LOGS)
+def test_red_derives_what_tc_derives(given: tuple[int, int, int, int], logs: tuple[int, int]) -> None:
+    min_bytes, burst, avpkt, bandwidth = given
+    red = Red(limit_bytes=10**6, min_bytes=min_bytes, max_bytes=min_bytes + 1, avpkt_bytes=avpkt,
+              burst_packets=burst, probability=0.1, bandwidth_bit=bandwidth)
+    wanted = {e.label: e.want for e in KINDS["red"].expected(red)}
+    assert (wanted["ewma"], wanted["Scell_log"]) == logs
