@@ -40,7 +40,7 @@ def kind_of(stage: Strict) -> QdiscKind[Any]:
     return KINDS[stage.kind]  # type: ignore[attr-defined]
 
 
-def readback_differences(stage: Strict, shown: dict) -> list[str]:
+def option_differences(stage: Strict, shown: dict) -> list[str]:
     """Every option of `stage` that `shown` (the qdisc's `tc -s -d -j` object, its class under "class")
     does not show as wanted, each as "<option> <got> != <want>"."""
     kind = kind_of(stage)
@@ -50,5 +50,5 @@ def readback_differences(stage: Strict, shown: dict) -> list[str]:
 
 
 __all__ = ["KINDS", "Bfifo", "Cake", "Codel", "DualPi2", "Expect", "Fq", "FqCodel", "FqPie", "Htb", "Mark",
-           "Netem", "Pfifo", "Pie", "QdiscKind", "QdiscStage", "Red", "Tbf", "kind_of", "readback_differences",
+           "Netem", "Pfifo", "Pie", "QdiscKind", "QdiscStage", "Red", "Tbf", "kind_of", "option_differences",
            "tc_time"]

@@ -72,8 +72,8 @@ def exact(got: Any, want: Any) -> bool:
 
 
 def tc_rounded(got: Any, want: Any) -> bool:
-    """tc rounds times to µs (codel prints 4999 for 5 ms; its kernel keeps 1024 ns units) and prints floats
-    with six digits: numbers agree within 0.1 % or, above 100, one unit."""
+    """Rates and floats as tc prints them (bytes/s from a rate in bit/s, six significant digits): within
+    0.1 % or, above 100, one unit."""
     if isinstance(want, (bool, str)) or got is None or isinstance(got, (bool, str)):
         return got == want
     w = float(want)
@@ -86,7 +86,8 @@ def tc_size(got: Any, want: Any) -> bool:
 
 
 def whole_us(got: Any, want: Any) -> bool:
-    """A time tc derives from values it truncates to whole µs on the way (tbf's `lat`): within 2 µs or 0.1 %."""
+    """A time in whole µs that went through coarser units and truncations on the way (codel keeps 1024 ns
+    units, psched 64 ns ticks; tc truncates to µs, tbf's `lat` twice): within 2 µs or 0.1 %."""
     return isinstance(got, (int, float)) and abs(got - want) <= max(2.0, 1e-3 * abs(want))
 
 

@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from schemas.qdiscs.base import Expect, QdiscKind, Strict, bits, flag, opt, tc_rounded, tc_time, us
+from schemas.qdiscs.base import Expect, QdiscKind, Strict, bits, flag, opt, tc_rounded, tc_time, us, whole_us
 
 
 class Cake(Strict):
@@ -29,7 +29,7 @@ def params(s: Cake) -> list[str]:
 def expected(s: Cake) -> list[Expect]:
     bandwidth = "unlimited" if s.bandwidth_bit is None else s.bandwidth_bit // 8
     return [Expect("bandwidth", ("options", "bandwidth"), bandwidth, ("bandwidth_bit",), tc_rounded),
-            Expect("rtt", ("options", "rtt"), us(s.rtt_ns), ("rtt_ns",), tc_rounded),
+            Expect("rtt", ("options", "rtt"), us(s.rtt_ns), ("rtt_ns",), whole_us),
             Expect("flowmode", ("options", "flowmode"), s.flow_mode, ("flow_mode",)),
             Expect("diffserv", ("options", "diffserv"), s.diffserv, ("diffserv",)),
             Expect("ack-filter", ("options", "ack-filter"), "enabled" if s.ack_filter else "disabled",

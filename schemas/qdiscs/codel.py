@@ -5,7 +5,17 @@ from typing import Literal
 
 from pydantic import Field
 
-from schemas.qdiscs.base import Expect, QdiscKind, Strict, flag, limit_or_default, opt, tc_rounded, tc_time, us
+from schemas.qdiscs.base import (
+    Expect,
+    QdiscKind,
+    Strict,
+    flag,
+    limit_or_default,
+    opt,
+    tc_time,
+    us,
+    whole_us,
+)
 
 
 class FqCodel(Strict):
@@ -31,10 +41,10 @@ class Codel(Strict):
 
 def _times(s: FqCodel | Codel) -> list[Expect]:
     # codel keeps times in 1024 ns units: 5 ms reads back as 4999 µs
-    return [Expect("target", ("options", "target"), us(s.target_ns), ("target_ns",), tc_rounded),
-            Expect("interval", ("options", "interval"), us(s.interval_ns), ("interval_ns",), tc_rounded),
+    return [Expect("target", ("options", "target"), us(s.target_ns), ("target_ns",), whole_us),
+            Expect("interval", ("options", "interval"), us(s.interval_ns), ("interval_ns",), whole_us),
             Expect("ce_threshold", ("options", "ce_threshold"), us(s.ce_threshold_ns), ("ce_threshold_ns",),
-                   tc_rounded)]
+                   whole_us)]
 
 
 def fq_codel_expected(s: FqCodel) -> list[Expect]:

@@ -12,7 +12,17 @@ from typing import Literal
 
 from pydantic import Field
 
-from schemas.qdiscs.base import Expect, QdiscKind, Strict, flag, limit_or_default, opt, tc_rounded, tc_time, us
+from schemas.qdiscs.base import (
+    Expect,
+    QdiscKind,
+    Strict,
+    flag,
+    limit_or_default,
+    opt,
+    tc_time,
+    us,
+    whole_us,
+)
 
 
 class DualPi2(Strict):
@@ -28,10 +38,10 @@ class DualPi2(Strict):
 
 def expected(s: DualPi2) -> list[Expect]:
     return [Expect("limit", ("options", "limit"), s.limit_packets, ("limit_packets",)),
-            Expect("target", ("options", "target"), us(s.target_ns), ("target_ns",), tc_rounded),
-            Expect("tupdate", ("options", "tupdate"), us(s.tupdate_ns), ("tupdate_ns",), tc_rounded),
+            Expect("target", ("options", "target"), us(s.target_ns), ("target_ns",), whole_us),
+            Expect("tupdate", ("options", "tupdate"), us(s.tupdate_ns), ("tupdate_ns",), whole_us),
             Expect("step_thresh", ("options", "step-thresh-us"), us(s.step_thresh_ns), ("step_thresh_ns",),
-                   tc_rounded),
+                   whole_us),
             Expect("coupling_factor", ("options", "coupling"), s.coupling_factor, ("coupling_factor",)),
             Expect("ecn_mask", ("options", "ecn-mask"), s.ecn_mask and s.ecn_mask.replace("_", "-"), ("ecn_mask",)),
             Expect("split_gso", ("options", "split-gso"), s.split_gso, ("split_gso",), present=True)]

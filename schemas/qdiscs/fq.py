@@ -5,7 +5,19 @@ from typing import Literal
 
 from pydantic import Field
 
-from schemas.qdiscs.base import Expect, QdiscKind, Strict, bits, flag, limit_or_default, opt, tc_rounded, tc_time, us
+from schemas.qdiscs.base import (
+    Expect,
+    QdiscKind,
+    Strict,
+    bits,
+    flag,
+    limit_or_default,
+    opt,
+    tc_rounded,
+    tc_time,
+    us,
+    whole_us,
+)
 
 
 class Fq(Strict):
@@ -31,7 +43,7 @@ def expected(s: Fq) -> list[Expect]:
                    ("maxrate_bit",), tc_rounded),
             Expect("pacing", ("options", "pacing"), s.pacing, ("pacing",), absent=True),  # printed only when off
             Expect("ce_threshold", ("options", "ce_threshold"), us(s.ce_threshold_ns), ("ce_threshold_ns",),
-                   tc_rounded)]
+                   whole_us)]
 
 
 FQ = QdiscKind(

@@ -5,7 +5,17 @@ from typing import Literal
 
 from pydantic import Field
 
-from schemas.qdiscs.base import Expect, QdiscKind, Strict, flag, limit_or_default, opt, tc_rounded, tc_time, us
+from schemas.qdiscs.base import (
+    Expect,
+    QdiscKind,
+    Strict,
+    flag,
+    limit_or_default,
+    opt,
+    tc_time,
+    us,
+    whole_us,
+)
 
 
 class Pie(Strict):
@@ -30,8 +40,8 @@ class FqPie(Strict):
 
 def _common(s: Pie | FqPie) -> list[Expect]:
     return [Expect("limit", ("options", "limit"), s.limit_packets, ("limit_packets",)),
-            Expect("target", ("options", "target"), us(s.target_ns), ("target_ns",), tc_rounded),
-            Expect("tupdate", ("options", "tupdate"), us(s.tupdate_ns), ("tupdate_ns",), tc_rounded),
+            Expect("target", ("options", "target"), us(s.target_ns), ("target_ns",), whole_us),
+            Expect("tupdate", ("options", "tupdate"), us(s.tupdate_ns), ("tupdate_ns",), whole_us),
             Expect("ecn", ("options", "ecn"), s.ecn, ("ecn",), absent=False)]   # tc prints `ecn` only when set
 
 

@@ -33,7 +33,7 @@ from schemas.qdiscs import (
     Pie,
     Red,
     Tbf,
-    readback_differences,
+    option_differences,
 )
 from schemas.qdiscs.htb import class_readback
 
@@ -229,7 +229,7 @@ def test_the_stage_argv_is_the_fixture_command(f: Fixture) -> None:
 def test_the_expected_readback_matches_the_fixture(f: Fixture) -> None:
     doc = shown(f)
     assert doc["kind"] == f.stage.kind
-    assert readback_differences(f.stage, doc) == []
+    assert option_differences(f.stage, doc) == []
 
 
 def _alternatives(stage, name: str) -> list:
@@ -258,18 +258,18 @@ def test_a_changed_option_is_reported(f: Fixture, name: str) -> None:
             type(f.stage).model_validate(changed.model_dump())
         except ValidationError:
             continue
-        reported.append(readback_differences(changed, doc))
+        reported.append(option_differences(changed, doc))
     assert reported, f"no valid alternative value for {name}"
     assert any(reported), f"{f}: changing {name} is not reported by the read-back"
 
 
 def test_a_changed_dualpi2_or_tbf_option_is_named() -> None:
     dq = FIXTURES["dualpi2"][0]
-    assert readback_differences(dq.stage.model_copy(update={"ecn_mask": "any_ect", "split_gso": False,
+    assert option_differences(dq.stage.model_copy(update={"ecn_mask": "any_ect", "split_gso": False,
                                                             "step_thresh_ns": 2_000_000}), shown(dq)) == [
         "step_thresh 1000 != 2000", "ecn_mask l4s-ect != any-ect", "split_gso True != False"]
     tbf = FIXTURES["tbf"][1]
-    assert readback_differences(tbf.stage.model_copy(update={"burst_bytes": 65_536, "limit_bytes": 300_000}),
+    assert option_differences(tbf.stage.model_copy(update={"burst_bytes": 65_536, "limit_bytes": 300_000}),
                                 shown(tbf)) == [
         "burst 32768 != 65536 bytes", "lat 18758 != 37514.24 us (limit 300000 B = burst + lat x rate)"]
 

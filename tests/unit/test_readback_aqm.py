@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from schemas.qdiscs import Cake, Codel, Fq, FqCodel, FqPie, Netem, Pie, Red, readback_differences
+from schemas.qdiscs import Cake, Codel, Fq, FqCodel, FqPie, Netem, Pie, Red, option_differences
 
 TC = Path(__file__).resolve().parents[1] / "fixtures" / "tc"
 
@@ -36,18 +36,18 @@ RAMP = Red(limit_bytes=500_000, min_bytes=25_000, max_bytes=75_000, avpkt_bytes=
                               diffserv="diffserv3", overhead_bytes=0)),
 ])
 def test_what_was_applied_reads_back_equal(name: str, kind: str, stage: object) -> None:
-    assert readback_differences(stage, qdisc(name, kind)) == []
+    assert option_differences(stage, qdisc(name, kind)) == []
 
 
 def test_mismatches_are_named() -> None:
     wrong = RAMP.model_copy(update={"max_bytes": 80_000, "adaptive": False})
-    assert readback_differences(wrong, qdisc("netem_htb_red_ecn", "red")) == [
+    assert option_differences(wrong, qdisc("netem_htb_red_ecn", "red")) == [
         "max 75000 != 80000", "adaptive True != False"]
-    assert readback_differences(Netem(delay_ns=20_000_000, limit_packets=1000),
+    assert option_differences(Netem(delay_ns=20_000_000, limit_packets=1000),
                                   qdisc("netem_htb_red_ecn", "netem")) == ["delay 0.01 != 0.02"]
     cake = Cake(bandwidth_bit=10_000_000, rtt_ns=20_000_000, flow_mode="flows", diffserv="besteffort",
                 ack_filter=True)
-    assert readback_differences(cake, qdisc("htb_cake", "cake")) == [
+    assert option_differences(cake, qdisc("htb_cake", "cake")) == [
         "bandwidth 2500000 != 1250000", "rtt 100000 != 20000", "flowmode triple-isolate != flows",
         "diffserv diffserv3 != besteffort", "ack-filter disabled != enabled"]
 
@@ -57,4 +57,4 @@ def test_red_probability_one_does_not_survive_tc() -> None:
     # The read-back catches it, which is why the argv builder caps the probability just below 1.
     step = Red(limit_bytes=500_000, min_bytes=3000, max_bytes=3001, avpkt_bytes=1000, burst_packets=4,
                probability=1.0, bandwidth_bit=20_000_000, ecn=True)
-    assert readback_differences(step, qdisc("netem_htb_red_step_ecn", "red")) == ["probability 0.5 != 1.0"]
+    assert option_differences(step, qdisc("netem_htb_red_step_ecn", "red")) == ["probability 0.5 != 1.0"]
