@@ -1,7 +1,8 @@
 """Capability probe: what this host can really do, found by trying (never assumed from the kernel name).
 
-Qdisc kinds are probed by adding each one, with minimal valid parameters, to a throw-away veth pair the
-agent creates inside its own namespace (so no allow-listed or foreign interface is touched).
+Qdisc kinds are probed by adding each one, with the minimal valid parameters its registry entry gives
+(`schemas/qdiscs/`), to a throw-away veth pair the agent creates inside its own namespace (so no
+allow-listed or foreign interface is touched).
 """
 from __future__ import annotations
 
@@ -18,27 +19,19 @@ from agents.host.tunables import congestion_controls
 from schemas import procs
 from schemas.nic import OFFLOAD_LONG_NAMES
 from schemas.protocol import Capabilities
+from schemas.qdiscs import KINDS
 
-# minimal parameters each qdisc needs to be accepted as a root qdisc
-QDISC_PROBES: dict[str, list[str]] = {
-    "pfifo": ["pfifo", "limit", "10"],
-    "bfifo": ["bfifo", "limit", "10000"],
-    "pfifo_fast": ["pfifo_fast"],
-    "htb": ["htb"],
-    "tbf": ["tbf", "rate", "1mbit", "burst", "10000", "limit", "10000"],
-    "netem": ["netem", "delay", "1ms"],
-    "red": ["red", "limit", "400000", "min", "30000", "max", "90000", "avpkt", "1000", "burst", "55",
-            "bandwidth", "10mbit", "probability", "0.1"],
-    "fq": ["fq"],
-    "fq_codel": ["fq_codel"],
-    "codel": ["codel"],
-    "pie": ["pie"],
-    "fq_pie": ["fq_pie"],
-    "cake": ["cake"],
-    "dualpi2": ["dualpi2"],
-    "sfq": ["sfq"],
-    "prio": ["prio"],
-}
+# qdiscs probed for the record (the hello's capabilities) that no stage builds
+OTHER_QDISC_PROBES: dict[str, tuple[str, ...]] = {"pfifo_fast": ("pfifo_fast",), "sfq": ("sfq",),
+                                                  "prio": ("prio",)}
+
+
+def qdisc_probes() -> dict[str, tuple[str, ...]]:
+    """kind -> minimal parameters that make it a valid root qdisc: every probed kind of the registry (a
+    pending kind has no probe, so a plan that needs it is refused) and the few others above."""
+    own = {name: k.probe for name, k in KINDS.items() if k.probe is not None}
+    return {**own, **OTHER_QDISC_PROBES}
+
 
 TRACEFS_ROOTS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 TOOLS = {
@@ -63,7 +56,7 @@ def probe_qdiscs() -> list[str]:
     procs.run(["ip", "link", "add", dev, "type", "veth", "peer", "name", peer])
     try:
         ok = []
-        for kind, params in QDISC_PROBES.items():
+        for kind, params in qdisc_probes().items():
             if procs.run(["tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", *params],
                          check=False).returncode == 0:
                 ok.append(kind)

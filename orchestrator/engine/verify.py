@@ -5,60 +5,21 @@ parameter is compared with what the kernel reports, and each mismatch is named.
 """
 from __future__ import annotations
 
-import re
-
 from orchestrator.plan.runspec import RunSpec
 from schemas import protocol
 from schemas.flag import Flag
-from schemas.hoststate import (
-    Bfifo,
-    Cake,
-    Codel,
-    Fq,
-    FqCodel,
-    FqPie,
-    HostState,
-    Htb,
-    InterfaceState,
-    Netem,
-    Pfifo,
-    Pie,
-    QdiscStage,
-    Red,
-    Tbf,
-)
+from schemas.hoststate import HostState, InterfaceState
 from schemas.neighbours import permanent_neighbours
 from schemas.nic import OFFLOAD_LONG_NAMES
-
-SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)([KMG]?)b$")
+from schemas.qdiscs import QdiscStage, kind_of
 
 
 def norm_sysctl(value: str) -> str:
     return " ".join(str(value).split())
 
 
-def parse_tc_size(text: str) -> int:
-    """tc's printed sizes ("15Kb", "1514b", "1Mb"): 1024-based multipliers."""
-    m = SIZE_RE.match(text)
-    if not m:
-        raise ValueError(f"not a tc size: {text!r}")
-    return int(float(m.group(1)) * {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}[m.group(2)])
-
-
-def htb_class_bursts(text: str) -> dict[str, tuple[int, int]]:
-    """classid -> (burst, cburst) in bytes from `tc -d class show` text."""
-    out = {}
-    for m in re.finditer(r"class htb (\S+) .*?burst (\S+?)(?:/\d+)? .*?cburst (\S+?)(?:/\d+)? ", text):
-        out[m.group(1)] = (parse_tc_size(m.group(2)), parse_tc_size(m.group(3)))
-    return out
-
-
-def _close(a: int, b: int, rel: float = 0.02, abs_: int = 1024) -> bool:
-    # tc prints sizes rounded to 1024-multiples, so burst read-back is approximate by design
-    return abs(a - b) <= max(abs_, rel * b)
-
-
 def stage_differences(dev: str, i: int, stage: QdiscStage, rb: protocol.InterfaceReadback) -> list[str]:
+    """Kind, place in the chain and every option of stage i, as its kind expects tc to show them."""
     handle = f"{i + 1}:"
     where = f"{dev} qdisc {handle}"
     found = [q for q in rb.tc_qdisc if q.get("handle") == handle]
@@ -72,94 +33,21 @@ def stage_differences(dev: str, i: int, stage: QdiscStage, rb: protocol.Interfac
     parent_ok = q.get("root") if i == 0 else q.get("parent") == f"{i}:1"
     if not parent_ok:
         diffs.append(f"{where}: not attached at {'root' if i == 0 else f'{i}:1'}")
-    opts = q.get("options", {})
-    if isinstance(stage, Pfifo) and opts.get("limit") != stage.limit_packets:
-        diffs.append(f"{where}: limit {opts.get('limit')} != {stage.limit_packets} packets")
-    if isinstance(stage, Bfifo) and opts.get("limit") != stage.limit_bytes:
-        diffs.append(f"{where}: limit {opts.get('limit')} != {stage.limit_bytes} bytes")
-    if isinstance(stage, Tbf) and opts.get("rate") not in (None, stage.rate_bit // 8):
-        diffs.append(f"{where}: rate {opts.get('rate')} B/s != {stage.rate_bit // 8} B/s")
-    if isinstance(stage, Htb):
-        diffs += _htb_class_differences(dev, i, stage, rb)
-    diffs += [f"{where}: {d}" for d in aqm_option_differences(stage, opts)]
-    return diffs
-
-
-def _us(ns: int | None) -> int | None:
-    return None if ns is None else ns // 1000
-
-
-def _want(stage: QdiscStage) -> list[tuple[str, object, object]]:
-    """(option, read-back path, wanted value) per stage kind, in the units `tc -j` prints (µs, bytes)."""
-    if isinstance(stage, Netem):
-        out = [("limit", "limit", stage.limit_packets), ("delay", ("delay", "delay"), stage.delay_ns / 1e9),
-               ("jitter", ("delay", "jitter"), stage.jitter_ns / 1e9)]
-        return out + ([("loss", ("loss-random", "loss"), stage.loss)] if stage.loss else [])
-    if isinstance(stage, Red):
-        return [("limit", "limit", stage.limit_bytes), ("min", "min", stage.min_bytes),
-                ("max", "max", stage.max_bytes), ("ecn", "ecn", stage.ecn), ("adaptive", "adaptive", stage.adaptive),
-                ("nodrop", "nodrop", stage.nodrop),
-                ("probability", "probability", stage.probability)]
-    if isinstance(stage, (FqCodel, Codel)):
-        return [("limit", "limit", stage.limit_packets), ("target", "target", _us(stage.target_ns)),
-                ("interval", "interval", _us(stage.interval_ns)),
-                ("ce_threshold", "ce_threshold", _us(stage.ce_threshold_ns))] + \
-               ([("ecn", "ecn", stage.ecn)] if isinstance(stage, FqCodel) else [])
-    if isinstance(stage, (Pie, FqPie)):
-        return [("limit", "limit", stage.limit_packets), ("target", "target", _us(stage.target_ns)),
-                ("tupdate", "tupdate", _us(stage.tupdate_ns))] + ([("ecn", "ecn", stage.ecn)]
-                                                                  if isinstance(stage, Pie) else [])
-    if isinstance(stage, Cake):
-        return [("bandwidth", "bandwidth", None if stage.bandwidth_bit is None else stage.bandwidth_bit // 8),
-                ("rtt", "rtt", _us(stage.rtt_ns)), ("flowmode", "flowmode", stage.flow_mode),
-                ("diffserv", "diffserv", stage.diffserv),
-                ("ack-filter", "ack-filter", "enabled" if stage.ack_filter else "disabled"),
-                ("overhead", "overhead", stage.overhead_bytes)]
-    if isinstance(stage, Fq):
-        return [("limit", "limit", stage.limit_packets), ("flow_limit", "flow_limit", stage.flow_limit_packets),
-                ("initial_quantum", "initial_quantum", stage.initial_quantum_bytes),
-                ("maxrate", "maxrate", None if stage.maxrate_bit is None else stage.maxrate_bit // 8)]
-    return []
-
-
-def aqm_option_differences(stage: QdiscStage, opts: dict) -> list[str]:
-    """Compare the options tc reports with the requested ones. tc rounds times to µs (codel prints
-    4999 for 5 ms), so numbers agree within 0.1 % or one unit; unset options keep tc's defaults."""
-    diffs = []
-    for name, path, want in _want(stage):
-        if want is None:
+    kind = kind_of(stage)
+    if kind.expected is None:
+        return [*diffs, f"{where}: no read-back check for qdisc {kind.name}: {kind.pending}"]
+    class_where = f"{dev} {stage.kind} class {i + 1}:1"
+    cls = kind.class_readback(f"{i + 1}:1", rb.htb_classes, rb.tc_class_text) if kind.class_readback else None
+    if kind.class_readback is not None and cls is None:
+        diffs.append(f"{class_where}: missing")
+    shown = {**q, "class": cls}
+    for expect in kind.expected(stage):
+        in_class = expect.path[0] == "class"
+        if in_class and cls is None:
             continue
-        got: object = opts
-        for key in (path if isinstance(path, tuple) else (path,)):
-            got = got.get(key) if isinstance(got, dict) else None
-        if isinstance(want, (bool, str)) or got is None or isinstance(got, (bool, str)):
-            ok = got == want
-        else:
-            ok = abs(float(got) - float(want)) <= max(1e-6, 1e-3 * abs(float(want)), 1.0 if float(want) > 100 else 0)
-        if not ok:
-            diffs.append(f"{name} {got} != {want}")
-    return diffs
-
-
-def _htb_class_differences(dev: str, i: int, stage: Htb, rb: protocol.InterfaceReadback) -> list[str]:
-    classid = f"{i + 1}:1"
-    where = f"{dev} htb class {classid}"
-    cls = [c for c in rb.htb_classes if c["classid"] == classid]
-    if not cls:
-        return [f"{where}: missing"]
-    c, diffs = cls[0], []
-    if c["rate_bit"] != stage.rate_bit:
-        diffs.append(f"{where}: rate {c['rate_bit']} != {stage.rate_bit} bit/s")
-    if c["ceil_bit"] != (stage.ceil_bit or stage.rate_bit):
-        diffs.append(f"{where}: ceil {c['ceil_bit']} != {stage.ceil_bit or stage.rate_bit} bit/s")
-    if stage.quantum_bytes and c["quantum_bytes"] != stage.quantum_bytes:
-        diffs.append(f"{where}: quantum {c['quantum_bytes']} != {stage.quantum_bytes}")
-    bursts = htb_class_bursts(rb.tc_class_text).get(classid)
-    if stage.burst_bytes and bursts and not _close(bursts[0], stage.burst_bytes):
-        diffs.append(f"{where}: burst {bursts[0]} != {stage.burst_bytes} bytes")
-    want_cb = stage.cburst_bytes or stage.burst_bytes
-    if want_cb and bursts and not _close(bursts[1], want_cb):
-        diffs.append(f"{where}: cburst {bursts[1]} != {want_cb} bytes")
+        d = expect.difference(shown)
+        if d is not None:
+            diffs.append(f"{class_where if in_class else where}: {d}")
     return diffs
 
 

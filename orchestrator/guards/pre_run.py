@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from orchestrator.plan.runspec import RunSpec
 from schemas.flag import Flag
-from schemas.hoststate import Bfifo, Htb, Netem, Pfifo, QdiscStage, Red
+from schemas.hoststate import Htb, Netem, QdiscStage
+from schemas.qdiscs import kind_of
 
 HTB_BURST_TIME_NS = 10**6              # G-HTB: at least rate x 1 ms of burst
 COUNTING_OFFLOADS = ("tso", "gso", "gro")
@@ -19,18 +20,9 @@ def _mtu(spec: RunSpec) -> int:
 
 
 def _buffer_packets(stages: list[QdiscStage], mtu: int) -> int:
-    """Packets the stages below a netem can hold (kernels differ on whether netem's limit counts them)."""
-    total = 0
-    for s in stages:
-        if isinstance(s, Pfifo):
-            total += s.limit_packets
-        elif isinstance(s, Bfifo):
-            total += -(-s.limit_bytes // mtu)
-        elif isinstance(s, Red):
-            total += -(-s.limit_bytes // mtu)
-        elif getattr(s, "limit_packets", None) and not isinstance(s, Netem):
-            total += s.limit_packets
-    return total
+    """Packets the stages below a netem can hold (kernels differ on whether netem's limit counts them); each
+    kind says what it holds (schemas/qdiscs/), a packet-limited one its limit or tc's default."""
+    return sum(kind_of(s).buffer_packets(s, mtu) for s in stages)
 
 
 def netem_findings(spec: RunSpec) -> list[Flag]:

@@ -12,6 +12,7 @@ from typing import Any
 
 from orchestrator.plan.qdiscs import BfifoQueue, CakeQueue, MarkQueue, Queue, RedQueue
 from orchestrator.plan.template import Bottleneck, RunTemplate
+from schemas.qdiscs import KINDS
 
 ETH_HEADER = 14     # bytes htb and tc count per packet on top of the IP packet (no FCS, no preamble)
 FRAME_OVERHEAD = 18  # Ethernet header + FCS: the frame of the window maths (docs/guards.md#g-floor)
@@ -139,10 +140,6 @@ def step_k_bytes(rate_bit: int, k_ns: int, mtu: int) -> int:
     return max(bytes_at_rate(rate_bit, k_ns), 2 * mtu)
 
 
-# packet limits tc applies when a plan leaves them out (iproute2 / kernel defaults)
-_DEFAULT_LIMIT_PACKETS = {"fq_codel": 10240, "codel": 1000, "pie": 1000, "fq_pie": 10240, "dualpi2": 10000}
-
-
 def queue_capacity_bytes(queue: Queue, refs: LinkRefs) -> int | None:
     """Largest backlog the leaf can hold (None when only memory bounds it, as for CAKE); a packet-limited
     queue is counted in full frames."""
@@ -151,7 +148,7 @@ def queue_capacity_bytes(queue: Queue, refs: LinkRefs) -> int | None:
     if isinstance(queue, CakeQueue):
         return None
     limit = getattr(queue, "limit", None)
-    packets = limit if limit is not None else _DEFAULT_LIMIT_PACKETS[queue.kind]
+    packets = limit if limit is not None else KINDS[queue.kind].default_limit_packets
     return packets * wire_frame_bytes(refs.mtu)
 
 

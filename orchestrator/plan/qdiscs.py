@@ -2,8 +2,9 @@
 
 Two kinds of stage: a bottleneck `queue` (the leaf under the shaper: FIFO, RED, an AQM) and a stage of
 an explicit chain (`hosts.<role>.qdiscs.<toward>`: netem, htb, tbf, fq, AQMs...). Every stage except RED
-converts itself to `schemas.hoststate` with `.state(mtu)`; RED thresholds are written in time and need
-the bottleneck rate, so `build.bottleneck_chain` converts them (docs/guards.md#g-red).
+converts itself to its kind's stage (`schemas/qdiscs/`, kernel units) with `.state(mtu)`; RED thresholds
+are written in time and need the bottleneck rate, so `build.bottleneck_chain` converts them
+(docs/guards.md#g-red). A kind's tc argv, read-back, buffer and probe live with its stage there.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from orchestrator.plan.quantities import (
     Rate,
     Time,
 )
-from schemas import hoststate as hs
+from schemas import qdiscs as kinds
 
 
 def _ns(t: Time | None) -> int | None:
@@ -36,8 +37,8 @@ class PfifoQueue(Strict):
     kind: Literal["pfifo"] = _f("pfifo", "packet-limited FIFO (tail drop)", "pfifo")
     limit: int = _f(..., "queue limit in packets", 100, unit="packets", gt=0, le=1_000_000)
 
-    def state(self, mtu: int) -> hs.QdiscStage:  # noqa: ARG002 - one signature for every stage
-        return hs.Pfifo(limit_packets=self.limit)
+    def state(self, mtu: int) -> kinds.QdiscStage:  # noqa: ARG002 - one signature for every stage
+        return kinds.Pfifo(limit_packets=self.limit)
 
 
 class BfifoQueue(Strict):
@@ -45,8 +46,8 @@ class BfifoQueue(Strict):
     limit: PositiveBuffer = _f(..., "queue limit: bytes, or (as the bottleneck queue) a time at the "
                                "bottleneck rate or a multiple of the BDP", "1bdp")
 
-    def state(self, mtu: int) -> hs.QdiscStage:  # noqa: ARG002 - run_checks allows only bytes off the bottleneck
-        return hs.Bfifo(limit_bytes=self.limit.resolve(None, None))
+    def state(self, mtu: int) -> kinds.QdiscStage:  # noqa: ARG002 - run_checks allows only bytes off the bottleneck
+        return kinds.Bfifo(limit_bytes=self.limit.resolve(None, None))
 
 
 class HtbStage(Strict):
@@ -57,10 +58,10 @@ class HtbStage(Strict):
     cburst: PositiveSize | None = _f(None, "class cburst (default: the burst)", "12500B")
     quantum: PositiveSize | None = _f(None, "class quantum (default: tc's, rate / r2q)", "1514B")
 
-    def state(self, mtu: int) -> hs.QdiscStage:
+    def state(self, mtu: int) -> kinds.QdiscStage:
         from orchestrator.plan.derive import htb_burst_bytes  # derive imports this module
         burst = self.burst.value if self.burst else htb_burst_bytes(self.rate.value, mtu)
-        return hs.Htb(rate_bit=self.rate.value, ceil_bit=(self.ceil or self.rate).value, burst_bytes=burst,
+        return kinds.Htb(rate_bit=self.rate.value, ceil_bit=(self.ceil or self.rate).value, burst_bytes=burst,
                       cburst_bytes=self.cburst.value if self.cburst else burst, quantum_bytes=_bytes(self.quantum))
 
 
@@ -70,8 +71,8 @@ class TbfStage(Strict):
     burst: PositiveSize = _f(..., "bucket size", "32KiB")
     limit: PositiveSize = _f(..., "bytes that may wait for tokens", "150KB")
 
-    def state(self, mtu: int) -> hs.QdiscStage:  # noqa: ARG002
-        return hs.Tbf(rate_bit=self.rate.value, burst_bytes=self.burst.value, limit_bytes=self.limit.value)
+    def state(self, mtu: int) -> kinds.QdiscStage:  # noqa: ARG002
+        return kinds.Tbf(rate_bit=self.rate.value, burst_bytes=self.burst.value, limit_bytes=self.limit.value)
 
 
 class NetemStage(Strict):
@@ -84,8 +85,8 @@ class NetemStage(Strict):
     limit: int = _f(..., "packets netem may hold; needs >= 1.5 x rate x delay / MTU (docs/guards.md"
                     "#g-netem), so it is stated explicitly here", 1000, unit="packets", gt=0, le=10_000_000)
 
-    def state(self, mtu: int) -> hs.QdiscStage:  # noqa: ARG002
-        return hs.Netem(delay_ns=self.delay.value, jitter_ns=self.jitter.value, distribution=self.distribution,
+    def state(self, mtu: int) -> kinds.QdiscStage:  # noqa: ARG002
+        return kinds.Netem(delay_ns=self.delay.value, jitter_ns=self.jitter.value, distribution=self.distribution,
                         loss=self.loss.value if self.loss else 0.0, limit_packets=self.limit)
 
 
@@ -127,8 +128,8 @@ class FqCodelQueue(Strict):
     memory_limit: PositiveSize | None = _f(None, "memory limit (default 32MB)", "32MB")
     ecn: bool = _f(True, "mark instead of drop", True)
 
-    def state(self, mtu: int) -> hs.QdiscStage:  # noqa: ARG002
-        return hs.FqCodel(limit_packets=self.limit, flows=self.flows, target_ns=_ns(self.target),
+    def state(self, mtu: int) -> kinds.QdiscStage:  # noqa: ARG002
+        return kinds.FqCodel(limit_packets=self.limit, flows=self.flows, target_ns=_ns(self.target),
                           interval_ns=_ns(self.interval), quantum_bytes=_bytes(self.quantum),
                           ce_threshold_ns=_ns(self.ce_threshold), memory_limit_bytes=_bytes(self.memory_limit),
                           ecn=self.ecn)
@@ -142,8 +143,8 @@ class CodelQueue(Strict):
     ce_threshold: PositiveTime | None = _f(None, "mark CE above this sojourn", "1ms")
     ecn: bool = _f(False, "mark instead of drop", True)
 
-    def state(self, mtu: int) -> hs.QdiscStage:  # noqa: ARG002
-        return hs.Codel(limit_packets=self.limit, target_ns=_ns(self.target), interval_ns=_ns(self.interval),
+    def state(self, mtu: int) -> kinds.QdiscStage:  # noqa: ARG002
+        return kinds.Codel(limit_packets=self.limit, target_ns=_ns(self.target), interval_ns=_ns(self.interval),
                         ce_threshold_ns=_ns(self.ce_threshold), ecn=self.ecn)
 
 
@@ -157,8 +158,8 @@ class PieQueue(Strict):
     ecn: bool = _f(False, "mark instead of drop", True)
     bytemode: bool = _f(False, "scale drop probability by packet size", False)
 
-    def state(self, mtu: int) -> hs.QdiscStage:  # noqa: ARG002
-        return hs.Pie(limit_packets=self.limit, target_ns=_ns(self.target), tupdate_ns=_ns(self.tupdate),
+    def state(self, mtu: int) -> kinds.QdiscStage:  # noqa: ARG002
+        return kinds.Pie(limit_packets=self.limit, target_ns=_ns(self.target), tupdate_ns=_ns(self.tupdate),
                       alpha=self.alpha, beta=self.beta, ecn=self.ecn, bytemode=self.bytemode)
 
 
@@ -170,8 +171,8 @@ class FqPieQueue(Strict):
     tupdate: PositiveTime | None = _f(None, "update interval (default 15ms)", "15ms")
     ecn: bool = _f(True, "mark instead of drop", True)
 
-    def state(self, mtu: int) -> hs.QdiscStage:  # noqa: ARG002
-        return hs.FqPie(limit_packets=self.limit, flows=self.flows, target_ns=_ns(self.target),
+    def state(self, mtu: int) -> kinds.QdiscStage:  # noqa: ARG002
+        return kinds.FqPie(limit_packets=self.limit, flows=self.flows, target_ns=_ns(self.target),
                         tupdate_ns=_ns(self.tupdate), ecn=self.ecn)
 
 
@@ -186,8 +187,8 @@ class CakeQueue(Strict):
     ack_filter: bool = _f(False, "drop redundant pure ACKs", False)
     overhead: int | None = _f(None, "per-packet overhead added for shaping", 18, unit="bytes", ge=-64, le=256)
 
-    def state(self, mtu: int) -> hs.QdiscStage:  # noqa: ARG002
-        return hs.Cake(bandwidth_bit=self.bandwidth.value if self.bandwidth else None, rtt_ns=_ns(self.rtt),
+    def state(self, mtu: int) -> kinds.QdiscStage:  # noqa: ARG002
+        return kinds.Cake(bandwidth_bit=self.bandwidth.value if self.bandwidth else None, rtt_ns=_ns(self.rtt),
                        flow_mode=self.flow_mode, diffserv=self.diffserv, ack_filter=self.ack_filter,
                        overhead_bytes=self.overhead)
 
@@ -202,8 +203,8 @@ class DualPi2Queue(Strict):
     ecn_mask: Literal["l4s_ect", "any_ect"] | None = _f(None, "which ECT goes to the L queue", "l4s_ect")
     split_gso: bool | None = _f(None, "split GSO super-packets", True)
 
-    def state(self, mtu: int) -> hs.QdiscStage:  # noqa: ARG002
-        return hs.DualPi2(limit_packets=self.limit, target_ns=_ns(self.target), tupdate_ns=_ns(self.tupdate),
+    def state(self, mtu: int) -> kinds.QdiscStage:  # noqa: ARG002
+        return kinds.DualPi2(limit_packets=self.limit, target_ns=_ns(self.target), tupdate_ns=_ns(self.tupdate),
                           step_thresh_ns=_ns(self.step_thresh), coupling_factor=self.coupling_factor,
                           ecn_mask=self.ecn_mask, split_gso=self.split_gso)
 
@@ -219,8 +220,8 @@ class FqStage(Strict):
     pacing: bool = _f(True, "pace flows at sk_pacing_rate", True)
     ce_threshold: PositiveTime | None = _f(None, "mark CE above this sojourn", "1ms")
 
-    def state(self, mtu: int) -> hs.QdiscStage:  # noqa: ARG002
-        return hs.Fq(limit_packets=self.limit, flow_limit_packets=self.flow_limit,
+    def state(self, mtu: int) -> kinds.QdiscStage:  # noqa: ARG002
+        return kinds.Fq(limit_packets=self.limit, flow_limit_packets=self.flow_limit,
                      quantum_bytes=_bytes(self.quantum), initial_quantum_bytes=_bytes(self.initial_quantum),
                      maxrate_bit=self.maxrate.value if self.maxrate else None, pacing=self.pacing,
                      ce_threshold_ns=_ns(self.ce_threshold))
@@ -238,8 +239,8 @@ class MarkQueue(Strict):
     on_dequeue: bool = _f(True, "decide at dequeue (at enqueue when false)", True)
     limit: int = _f(10000, "packet limit", 10000, unit="packets", gt=0)
 
-    def state(self, mtu: int, rtt_ns: int | None = None, target_ns: int | None = None) -> hs.QdiscStage:  # noqa: ARG002
-        return hs.Mark(mode=self.mode, min_ns=self.min.resolve(rtt_ns, target_ns),
+    def state(self, mtu: int, rtt_ns: int | None = None, target_ns: int | None = None) -> kinds.QdiscStage:  # noqa: ARG002
+        return kinds.Mark(mode=self.mode, min_ns=self.min.resolve(rtt_ns, target_ns),
                        max_ns=self.max.resolve(rtt_ns, target_ns) if self.max else None, metric=self.metric,
                        on_dequeue=self.on_dequeue, limit_packets=self.limit)
 

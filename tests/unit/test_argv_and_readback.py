@@ -8,9 +8,11 @@ import pytest
 
 from agents.host.argv import ChainError, chain_argv, offload_argv
 from agents.tasks import parse_capture_stats
-from orchestrator.engine.verify import htb_class_bursts, parse_tc_size, readback_differences
+from orchestrator.engine.verify import readback_differences
 from schemas import protocol
 from schemas.hoststate import Bfifo, HostState, Htb, Pfifo
+from schemas.qdiscs.base import parse_tc_size
+from schemas.qdiscs.htb import htb_class_bursts
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "agent" / "readback_aqm_htb50_pfifo100.json"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agents.host.argv import ChainError, chain_argv, tc_time
-from schemas.hoststate import Cake, Codel, DualPi2, Fq, FqCodel, FqPie, Htb, Mark, Netem, Pfifo, Pie, Red
+from agents.host.argv import ChainError, chain_argv
+from schemas.qdiscs import Cake, Codel, DualPi2, Fq, FqCodel, FqPie, Htb, Mark, Netem, Pfifo, Pie, Red, tc_time
 
 
 def test_times_are_written_in_microseconds() -> None:
