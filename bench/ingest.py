@@ -74,7 +74,8 @@ def ingest_child(pcap: Path, url: str, one_core: int | None = None) -> None:
 
     from orchestrator.ingest.pcap import PcapReader, decoder_kind
     from orchestrator.storage.db import open_db
-    from orchestrator.storage.writer import RunIngest, write_run
+    from orchestrator.storage.run_ingest import RunIngest
+    from orchestrator.storage.writer import write_run
 
     engine = open_db(url)
     with engine.connect() as conn:   # the pool hands this one connection to write_run

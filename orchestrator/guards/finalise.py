@@ -19,7 +19,8 @@ from orchestrator.guards import clock, cpu, ecn, pre_run, qdisc, ss
 from orchestrator.ingest.assemble import assemble, cpu_samples
 from orchestrator.ingest.record import RunRecord
 from orchestrator.plan.runspec import RunSpec
-from orchestrator.storage.writer import RunIngest, write_run
+from orchestrator.storage.run_ingest import RunIngest
+from orchestrator.storage.writer import write_run
 from schemas.flag import Flag, unique
 
 log = logging.getLogger("tcplab.manager")

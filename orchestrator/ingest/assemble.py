@@ -30,7 +30,7 @@ from orchestrator.ingest.tcp_probe import parse_tcp_probe
 from orchestrator.plan.runspec import RunSpec
 from orchestrator.storage import addr, records
 from orchestrator.storage.conns import ConnRegistry
-from orchestrator.storage.writer import RunIngest
+from orchestrator.storage.run_ingest import RunIngest
 
 
 def parse_qdisc_csv(text: str) -> np.ndarray:

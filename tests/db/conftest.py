@@ -12,7 +12,7 @@ from dbdata import make_run_ingest
 from sqlalchemy import Engine
 
 from orchestrator.storage.db import open_db
-from orchestrator.storage.writer import RunIngest
+from orchestrator.storage.run_ingest import RunIngest
 
 
 @pytest.fixture

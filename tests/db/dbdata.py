@@ -14,7 +14,7 @@ from sqlalchemy import Engine, func, select, text
 from orchestrator.ingest.ss import parse_ss
 from orchestrator.storage import addr, records, tables
 from orchestrator.storage.conns import ConnRegistry
-from orchestrator.storage.writer import RunIngest
+from orchestrator.storage.run_ingest import RunIngest
 
 PLAN_SHA = "a" * 64
 T0_NS = 1_732_170_000_000_000_000

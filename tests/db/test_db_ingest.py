@@ -21,15 +21,8 @@ from sqlalchemy import select, text
 
 from orchestrator.storage import bulk, pgcopy, records, tables
 from orchestrator.storage.db import open_db
-from orchestrator.storage.writer import (
-    IngestCounts,
-    IngestError,
-    RunIngest,
-    completed_run_ids,
-    delete_run,
-    validate,
-    write_run,
-)
+from orchestrator.storage.run_ingest import IngestCounts, IngestError, RunIngest, validate
+from orchestrator.storage.writer import completed_run_ids, delete_run, write_run
 
 # conn: 2 points x (IPv4, IPv6 flow) x (TCP, UDP)
 EXPECTED_100K = {"plan": 1, "run": 1, "flow": 2, "artifact": 2, "host_evidence": 6, "capture_point": 2,

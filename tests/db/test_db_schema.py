@@ -22,7 +22,7 @@ from orchestrator.storage.db import (
     normalize_url,
     open_db,
 )
-from orchestrator.storage.writer import BULK_LAYOUTS, BulkLayout
+from orchestrator.storage.run_ingest import BULK_LAYOUTS, BulkLayout
 from schemas.flag import Flag
 
 
