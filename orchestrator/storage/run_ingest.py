@@ -145,8 +145,8 @@ ASSIGNED_COLUMNS = {"run": {"run_key"}}  # columns write_run fills in itself
 # --- validation (pure) -------------------------------------------------------------------------------
 
 def _required(table: Table) -> set[str]:
-    return {c.name for c in table.columns
-            if not c.nullable and c.default is None and c.server_default is None} - ASSIGNED_COLUMNS.get(table.name, set())
+    needed = {c.name for c in table.columns if not c.nullable and c.default is None and c.server_default is None}
+    return needed - ASSIGNED_COLUMNS.get(table.name, set())
 
 
 def _check_row(where: str, row: dict[str, Any], table: Table, run_id: str | None = None) -> None:
