@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from orchestrator.ingest import records
-from orchestrator.plan.runspec import LinkRef
+from orchestrator.plan import LinkRef
 from orchestrator.storage import tables as T
 
 FETCH_CHUNK = 100_000

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from orchestrator.ingest.cpu import CpuIntervals
-from orchestrator.plan.runspec import RunSpec
+from orchestrator.plan import RunSpec
 from schemas.hoststate import Bfifo, Htb, Netem, Pfifo, QdiscStage, Red
 
 HTB_BURST_TIME_NS = 10**6              # G-HTB: at least rate x 1 ms of burst

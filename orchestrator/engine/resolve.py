@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.inventory import Inventory
-from orchestrator.plan.runspec import RunSpec
+from orchestrator.plan import RunSpec
 from schemas import protocol
 from schemas.hoststate import HostState, InterfaceState
 

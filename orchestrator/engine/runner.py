@@ -20,7 +20,7 @@ from orchestrator.engine.written import flag_written_run
 from orchestrator.ingest.assemble import assemble, save_ingest_inputs, sender_ports
 from orchestrator.ingest.cpu import parse_cpu
 from orchestrator.inventory import Inventory
-from orchestrator.plan.runspec import RunSpec
+from orchestrator.plan import RunSpec
 from orchestrator.storage.ingest import RunIngest, write_run
 from schemas import protocol
 

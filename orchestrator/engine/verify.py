@@ -9,7 +9,7 @@ import re
 
 from agents.host.argv import OFFLOAD_LONG_NAMES
 from agents.host.ethtool import permanent_neighbours
-from orchestrator.plan.runspec import RunSpec
+from orchestrator.plan import RunSpec
 from schemas import protocol
 from schemas.hoststate import (
     Bfifo,

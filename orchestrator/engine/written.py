@@ -7,7 +7,7 @@ import sqlalchemy as sa
 from sqlalchemy import Engine
 
 from orchestrator.engine import guards
-from orchestrator.plan.runspec import RunSpec
+from orchestrator.plan import RunSpec
 from orchestrator.storage import tables as T
 from orchestrator.storage.ingest import RunIngest
 

@@ -28,7 +28,7 @@ from orchestrator.ingest.pcap import PcapReader
 from orchestrator.ingest.qdelay_stream import pair_stream
 from orchestrator.ingest.ss import parse_ss
 from orchestrator.ingest.tcp_probe import parse_tcp_probe
-from orchestrator.plan.runspec import RunSpec
+from orchestrator.plan import RunSpec
 from orchestrator.storage.ingest import RunIngest
 
 

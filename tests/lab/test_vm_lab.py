@@ -228,8 +228,7 @@ def test_floor_plan_keeps_the_two_segment_standing_queue(vm_lab, tmp_path):
     from analysis import metrics as m
     from analysis.load import iter_runs
     from analysis.runstats import analyse
-    from orchestrator.plan.expand import expand
-    from orchestrator.plan.loader import load_plan
+    from orchestrator.plan import expand, load_plan
 
     _, state_dir = vm_lab
     engine = run_lab_plan(FLOOR_PLAN, state_dir, tmp_path)

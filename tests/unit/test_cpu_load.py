@@ -17,8 +17,7 @@ from orchestrator.engine import guards
 from orchestrator.engine.resolve import kernel_groups, measurement_window, schedule_tasks, timeline
 from orchestrator.engine.runner import cpu_load
 from orchestrator.ingest.cpu import parse_cpu
-from orchestrator.plan.expand import expand
-from orchestrator.plan.loader import load_plan
+from orchestrator.plan import expand, load_plan
 from schemas import protocol
 from tests.unit.test_ss_sampler import QUICKSTART, _inventory
 

@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.engine.guards import clock_findings, pre_run_findings, refusing
-from orchestrator.plan.expand import expand
-from orchestrator.plan.loader import load_plan, load_plan_text
+from orchestrator.plan import expand, load_plan, load_plan_text
 
 ROOT = Path(__file__).resolve().parents[2]
 

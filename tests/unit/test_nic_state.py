@@ -12,8 +12,7 @@ from agents.host.executor import InterfaceSnapshot, Snapshot, snapshot_differenc
 from orchestrator.engine import verify
 from orchestrator.engine.resolve import ResolveError, host_states, peer_neighbours
 from orchestrator.inventory import Inventory
-from orchestrator.plan.expand import expand
-from orchestrator.plan.loader import load_plan_text
+from orchestrator.plan import expand, load_plan_text
 from schemas.hoststate import HostState, InterfaceState
 from schemas.protocol import Capabilities, InterfaceReadback, Readback
 

@@ -6,9 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.plan.errors import PlanError
-from orchestrator.plan.expand import expand
-from orchestrator.plan.loader import load_plan, load_plan_text
+from orchestrator.plan import PlanError, expand, load_plan, load_plan_text
 from schemas.hoststate import Htb, Netem, Red
 
 PLANS = Path(__file__).resolve().parents[1] / "plans"

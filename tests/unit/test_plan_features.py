@@ -7,10 +7,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.engine.verify import capability_problems
-from orchestrator.plan.errors import PlanError
-from orchestrator.plan.expand import expand
-from orchestrator.plan.loader import load_plan, load_plan_text
-from orchestrator.plan.quantities import Buffer, Threshold
+from orchestrator.plan import PlanError, expand, load_plan, load_plan_text
+from orchestrator.plan.model.quantities import Buffer, Threshold
 from schemas import protocol
 from schemas.hoststate import Bfifo, Mark, Red
 
@@ -147,7 +145,7 @@ kernels:
 
 
 def test_table_with_an_experiment_without_arms() -> None:
-    from orchestrator.plan.table import render, study_table
+    from orchestrator.plan.expansion.table import render, study_table
     text = """name: mixed
 run:
   duration: 10s

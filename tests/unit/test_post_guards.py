@@ -7,8 +7,7 @@ from pathlib import Path
 from orchestrator.engine import guards
 from orchestrator.ingest.assemble import parse_qdisc_csv
 from orchestrator.ingest.ss import parse_ss
-from orchestrator.plan.expand import expand
-from orchestrator.plan.loader import load_plan, load_plan_text
+from orchestrator.plan import expand, load_plan, load_plan_text
 from schemas.hoststate import Netem
 
 ROOT = Path(__file__).resolve().parents[2]

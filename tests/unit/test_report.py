@@ -17,7 +17,7 @@ from PIL import Image
 
 from analysis import load, summary
 from analysis.report import write_report
-from orchestrator.plan.runspec import CapturePoint, FlowSpec, HostPlan, LinkRef, RunSpec
+from orchestrator.plan import CapturePoint, FlowSpec, HostPlan, LinkRef, RunSpec
 from orchestrator.storage import tables as T
 from schemas.hoststate import Htb, Pfifo
 
@@ -322,8 +322,7 @@ def test_the_bottleneck_rate_comes_from_the_derived_values_when_the_plan_does_no
 
 def test_the_base_rtt_comes_from_the_run_s_own_expansion_when_the_plan_does_not_vary_it():
     from analysis.load import RunMeta
-    from orchestrator.plan.expand import expand
-    from orchestrator.plan.loader import load_plan
+    from orchestrator.plan import expand, load_plan
 
     [spec] = expand(load_plan(Path(__file__).resolve().parents[2] / "experiments" / "vm" / "dctcp.yaml"))[:1]
     assert spec.derived["base_rtt_us"] == 20_000           # netem 20 ms holds the whole RTT

@@ -11,10 +11,8 @@ import jsonschema
 import pytest
 import yaml
 
+from orchestrator.plan import RunSpec, expand, load_plan
 from orchestrator.plan.commands import cmd_table
-from orchestrator.plan.expand import expand
-from orchestrator.plan.loader import load_plan
-from orchestrator.plan.runspec import RunSpec
 from schemas.hoststate import Htb, Netem, Red
 
 ROOT = Path(__file__).resolve().parents[2]

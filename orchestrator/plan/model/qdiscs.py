@@ -11,8 +11,8 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
-from orchestrator.plan.fields import Strict, _f
-from orchestrator.plan.quantities import (
+from orchestrator.plan.model.fields import Strict, _f
+from orchestrator.plan.model.quantities import (
     Fraction,
     PositiveBuffer,
     PositiveSize,
@@ -58,7 +58,7 @@ class HtbStage(Strict):
     quantum: PositiveSize | None = _f(None, "class quantum (default: tc's, rate / r2q)", "1514B")
 
     def state(self, mtu: int) -> hs.QdiscStage:
-        from orchestrator.plan.derive import htb_burst_bytes  # derive imports this module
+        from orchestrator.plan.model.frames import htb_burst_bytes
         burst = self.burst.value if self.burst else htb_burst_bytes(self.rate.value, mtu)
         return hs.Htb(rate_bit=self.rate.value, ceil_bit=(self.ceil or self.rate).value, burst_bytes=burst,
                       cburst_bytes=self.cburst.value if self.cburst else burst, quantum_bytes=_bytes(self.quantum))

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.plan.derive import htb_burst_bytes, link_refs, netem_limit_packets, red_bytes
-from orchestrator.plan.errors import Path
-from orchestrator.plan.kernels import KernelVariant
-from orchestrator.plan.qdiscs import BfifoQueue, MarkQueue, RedQueue
-from orchestrator.plan.runspec import (
+from orchestrator.plan.checks.errors import KeyPath
+from orchestrator.plan.expansion.derive import link_refs, netem_limit_packets, red_bytes
+from orchestrator.plan.expansion.runspec import (
     AckPolicySpec,
     AnalysisSpec,
     CapturePoint,
@@ -21,8 +19,11 @@ from orchestrator.plan.runspec import (
     KernelRef,
     LinkRef,
 )
-from orchestrator.plan.template import ALL_HOSTS, HostSettings, RunTemplate
-from orchestrator.plan.traffic import FlowOverride, Traffic
+from orchestrator.plan.model.frames import htb_burst_bytes
+from orchestrator.plan.model.kernels import KernelVariant
+from orchestrator.plan.model.qdiscs import BfifoQueue, MarkQueue, RedQueue
+from orchestrator.plan.model.template import ALL_HOSTS, HostSettings, RunTemplate
+from orchestrator.plan.model.traffic import FlowOverride, Traffic
 from schemas.hoststate import Bfifo, Htb, Netem, QdiscStage, Red
 
 
@@ -39,26 +40,26 @@ class FlowPlan:
     duration_ns: int | None      # None: until the run ends
     bytes: int | None
     port: int
-    start_path: Path
-    duration_path: Path
-    port_path: Path
-    src_path: Path
-    dst_path: Path
+    start_path: KeyPath
+    duration_path: KeyPath
+    port_path: KeyPath
+    src_path: KeyPath
+    dst_path: KeyPath
 
 
-def traffic_groups(t: RunTemplate) -> list[tuple[Path, Traffic]]:
+def traffic_groups(t: RunTemplate) -> list[tuple[KeyPath, Traffic]]:
     """The run's flow groups with their template paths: the main traffic first, then `background`."""
     return [(("traffic",), t.traffic)] + [(("background", k), g) for k, g in enumerate(t.background)]
 
 
-def group_flow_plans(tr: Traffic, gp: Path, group: int = 0, first_id: int = 0) -> list[FlowPlan]:
+def group_flow_plans(tr: Traffic, gp: KeyPath, group: int = 0, first_id: int = 0) -> list[FlowPlan]:
     """Flow i starts at start + i x stagger and listens on base_port + i unless `per_flow` says otherwise."""
     out = []
     for i in range(tr.flows):
         o = tr.per_flow.get(i, FlowOverride())
-        pf: Path = gp + ("per_flow", i)
+        pf: KeyPath = gp + ("per_flow", i)
 
-        def origin(name: str, own: object, default: Path, pf: Path = pf) -> Path:
+        def origin(name: str, own: object, default: KeyPath, pf: KeyPath = pf) -> KeyPath:
             return pf + (name,) if own is not None else default
 
         duration = o.duration if o.duration is not None else tr.duration
@@ -122,7 +123,7 @@ def bottleneck_chain(t: RunTemplate) -> list[QdiscStage]:
     elif isinstance(b.queue, MarkQueue):
         chain.append(b.queue.state(mtu, refs.rtt_ns, refs.target_ns))
     elif isinstance(b.queue, BfifoQueue):
-        chain.append(Bfifo(limit_bytes=b.queue.limit.resolve(rate, refs.rtt_ns)))
+        chain.append(Bfifo(limit_bytes=b.queue.limit.in_bytes(rate, refs.rtt_ns)))
     else:
         chain.append(b.queue.state(mtu))
     return chain

@@ -11,10 +11,10 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import BeforeValidator, StringConstraints
 
-from orchestrator.plan.conditions import AckPolicy, Analysis, Event
-from orchestrator.plan.fields import Strict, _f
-from orchestrator.plan.names import RoleName, VariantName
-from orchestrator.plan.qdiscs import (  # noqa: F401 - re-exported: the stage models are part of the template
+from orchestrator.plan.model.conditions import AckPolicy, Analysis, Event
+from orchestrator.plan.model.fields import Strict, _f
+from orchestrator.plan.model.names import RoleName, VariantName
+from orchestrator.plan.model.qdiscs import (  # noqa: F401 - re-exported: the stage models are part of the template
     BfifoQueue,
     HtbStage,
     NetemStage,
@@ -24,8 +24,8 @@ from orchestrator.plan.qdiscs import (  # noqa: F401 - re-exported: the stage mo
     Stage,
     TbfStage,
 )
-from orchestrator.plan.quantities import PositiveSize, PositiveTime, Rate, Size, Time
-from orchestrator.plan.traffic import Traffic
+from orchestrator.plan.model.quantities import PositiveSize, PositiveTime, Rate, Size, Time
+from orchestrator.plan.model.traffic import Traffic
 
 ModuleName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,55}$")]
 ParamKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z][A-Za-z0-9_]{0,63}$")]  # dctcp_chirp_L

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from orchestrator.plan.quantities import Quantity
+from orchestrator.plan.model.quantities import Quantity
 
 
 def canonical(obj: Any) -> Any:

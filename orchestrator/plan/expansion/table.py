@@ -14,7 +14,7 @@ import os
 from collections import defaultdict
 from typing import Any
 
-from orchestrator.plan.runspec import RunSpec
+from orchestrator.plan.expansion.runspec import RunSpec
 
 MISSING = "–"
 
