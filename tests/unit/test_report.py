@@ -17,7 +17,7 @@ from PIL import Image
 
 from analysis import load, summary
 from analysis.report import write_report
-from orchestrator.plan import CapturePoint, FlowSpec, HostPlan, LinkRef, RunSpec
+from orchestrator.plan import CapturePoint, FlowSpec, HostSpec, LinkRef, RunSpec
 from orchestrator.storage import tables as T
 from schemas.hoststate import Htb, Pfifo
 
@@ -33,7 +33,7 @@ def spec(run_id: str, cc: str, rate_bit: int, ports: list[int]) -> dict:
     aqm_link = LinkRef(host="aqm", toward="client")
     return RunSpec(
         run_id=run_id, plan_name="quick", experiment="e", params={}, duration_s=1.0,
-        hosts={"aqm": HostPlan(qdiscs={"client": [Htb(rate_bit=rate_bit), Pfifo(limit_packets=100)]})},
+        hosts={"aqm": HostSpec(qdiscs={"client": [Htb(rate_bit=rate_bit), Pfifo(limit_packets=100)]})},
         flows=flows,
         # The sender-side capture comes first: the bottleneck point must be found by link, not order.
         captures=[CapturePoint(link=LinkRef(host="server", toward="aqm")), CapturePoint(link=aqm_link)],

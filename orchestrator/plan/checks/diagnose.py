@@ -11,8 +11,8 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from orchestrator.plan.checks.errors import KeyPath, Problem
-from orchestrator.plan.model.paths import PathError, is_model, parse_field_path, unwrap
+from orchestrator.plan.checks.errors import Problem
+from orchestrator.plan.model.paths import KeyPath, PathError, is_model, parse_field_path, unwrap
 
 
 def _normalize(doc: Any, loc: tuple[Any, ...]) -> tuple[KeyPath, bool]:

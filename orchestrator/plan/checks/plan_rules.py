@@ -1,9 +1,9 @@
 """Rules that relate fields to each other, each reported at the field a researcher has to change.
 
-Three groups: `assignment_problems` (every varied value names a real field and fits its type; works on
-the raw document so it runs even when other parts of the plan are broken), `plan_problems` (names,
-arms, matrix shape, conflicting assignments) and `run_problems` (one resolved run: roles, flows
-inside the run, ports, bursts, intervals). All return `Problem`s; none raises.
+Two groups: `assignment_problems` (every varied value names a real field and fits its type; works on
+the raw document so it runs even when other parts of the plan are broken) and `plan_problems` (names,
+arms, matrix shape, conflicting assignments). The rules of one instantiated run are in `run_rules.py`.
+All return `Problem`s; none raises.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from orchestrator.plan.checks.diagnose import problems_from
-from orchestrator.plan.checks.errors import KeyPath, Problem, format_path
+from orchestrator.plan.checks.errors import Problem, format_path
 from orchestrator.plan.expansion.matrix import (
     MAX_RUNS,
     Assignment,
@@ -26,7 +26,7 @@ from orchestrator.plan.expansion.matrix import (
     value_key,
     views,
 )
-from orchestrator.plan.model.paths import PathError
+from orchestrator.plan.model.paths import KeyPath, PathError
 from orchestrator.plan.model.plan import Plan
 from orchestrator.plan.model.template import ALL_HOSTS
 
@@ -210,7 +210,7 @@ def _param_names(plan: Plan) -> list[Problem]:
 
 
 def plan_problems(plan: Plan) -> list[Problem]:
-    """Plan-wide rules. Assumes assignment_problems found nothing (every path resolves)."""
+    """Plan-wide rules. Assumes assignment_problems found nothing (every dotted path names a field)."""
     out = _duplicates([e.name for e in plan.experiments], ("experiments",), "experiment")
     out += _duplicates([a.name for a in plan.arms], ("arms",), "arm")
     if len(set(plan.roles)) != len(plan.roles) or ALL_HOSTS in plan.roles:

@@ -1,14 +1,15 @@
-"""Rules of one resolved run, each reported at the field a researcher has to change.
+"""Rules of one instantiated run, each reported at the field a researcher has to change.
 
 Roles, flows inside the run, ports, traffic tools, bursts, RED thresholds, netem sizing, kernel variants,
 ACK policy, events and intervals. All return `Problem`s; none raises.
 """
 from __future__ import annotations
 
-from orchestrator.plan.checks.errors import KeyPath, Problem
-from orchestrator.plan.expansion.build import flow_plans, traffic_groups
+from orchestrator.plan.checks.errors import Problem
+from orchestrator.plan.expansion.build import template_flows, traffic_groups
 from orchestrator.plan.expansion.derive import LinkRefs, link_refs, red_bytes, red_times
 from orchestrator.plan.model.frames import wire_frame_bytes
+from orchestrator.plan.model.paths import KeyPath
 from orchestrator.plan.model.qdiscs import BfifoQueue, HtbStage, MarkQueue, RedQueue
 from orchestrator.plan.model.template import ALL_HOSTS, RunTemplate
 from orchestrator.plan.model.units import format_rate, format_time_ns
@@ -74,7 +75,7 @@ def _flows(t: RunTemplate, roles: list[str], out: list[Problem]) -> None:
     run_ns = t.duration.value
     _groups(t, out)
     ports: dict[int, int] = {}
-    for f in flow_plans(t):
+    for f in template_flows(t):
         _role(roles, f.src, f.src_path, out)
         _role(roles, f.dst, f.dst_path, out)
         if f.src == f.dst:
@@ -214,7 +215,7 @@ def _conditions(t: RunTemplate, roles: list[str], out: list[Problem]) -> None:
 
 
 def run_problems(t: RunTemplate, roles: list[str], kernels: set[str] | None = None) -> list[Problem]:
-    """Rules of one resolved run; paths are relative to the run document. `kernels`: the plan's variant
+    """Rules of one instantiated run; paths are relative to the run document. `kernels`: the plan's variant
     names (None skips that check, for the bare template)."""
     out: list[Problem] = []
     _kernels(t, kernels, out)

@@ -12,7 +12,8 @@ from typing import Any
 
 import yaml
 
-from orchestrator.plan.checks.errors import Issue, KeyPath, Mark, Marks, PlanError
+from orchestrator.plan.checks.errors import Issue, Mark, Marks, PlanError
+from orchestrator.plan.model.paths import KeyPath
 
 MAX_NODES = 200_000   # an alias bomb expands exponentially; real plans are a few hundred nodes
 MAX_DEPTH = 40        # real plans nest about 8 deep; the limit keeps recursion far from Python's

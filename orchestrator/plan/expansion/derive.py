@@ -3,7 +3,7 @@
 Pure arithmetic in kernel units (bit/s, ns, bytes). The formulas follow EXPERIMENTS.md: htb burst
 (G-HTB), BDP, per-flow window in segments (§1.5, G-FLOOR), queue capacity in time at the bottleneck,
 RED thresholds from time to bytes (§1.3, G-RED), the step threshold K with its 2 MTU floor and the netem
-limit (G-NETEM). Thresholds written relative to the BDP or the target queue are resolved per run here.
+limit (G-NETEM). Thresholds written relative to the BDP or the target queue are converted per run here.
 """
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ def red_bytes(q: RedQueue, refs: LinkRefs) -> RedBytes:
     hi = bytes_at_rate(rate, hi_ns) if hi_ns is not None else lo + 1
     if q.mode == "inst":   # a ramp on the instantaneous queue: the smallest burst, as for the step
         avpkt = q.avpkt.value if q.avpkt else mtu
-        p = q.probability.value if q.probability is not None else 1.0   # run_checks requires it stated
+        p = q.probability.value if q.probability is not None else 1.0   # run_rules requires it stated
         return RedBytes(lo, hi, limit, avpkt, q.burst or lo // avpkt + 1, p)
     avpkt = q.avpkt.value if q.avpkt else 1000
     burst = q.burst or max(1, _ceil_div(2 * lo + hi, 3 * avpkt))   # Floyd / tc-red rule of thumb
@@ -154,7 +154,7 @@ def netem_limit_packets(b: Bottleneck, refs: LinkRefs) -> int | None:
         return None
     if b.netem_limit is not None:
         return b.netem_limit
-    line = b.line_rate.value if b.line_rate else b.rate.value   # run_checks requires line_rate here
+    line = b.line_rate.value if b.line_rate else b.rate.value   # run_rules requires line_rate here
     capacity = queue_capacity_bytes(b.queue, refs)
     child = _ceil_div(capacity, refs.mtu) if capacity is not None else 0
     return netem_limit_rule(line, b.delay.value, refs.mtu, child)
@@ -185,7 +185,7 @@ def tcp_flow_count(t: RunTemplate) -> int:
 
 
 def derived_values(t: RunTemplate) -> dict[str, Any]:
-    """Derived values of a resolved run template (keys carry their unit)."""
+    """Derived values of an instantiated run template (keys carry their unit)."""
     mtu = t.mtu.value
     out: dict[str, Any] = {"wire_frame_bytes": wire_frame_bytes(mtu)}
     b, refs = t.bottleneck, link_refs(t)

@@ -15,9 +15,8 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from orchestrator.plan.checks.errors import KeyPath
 from orchestrator.plan.expansion.canon import canonical_json
-from orchestrator.plan.model.paths import Target, parse_field_path
+from orchestrator.plan.model.paths import KeyPath, Target, parse_field_path
 from orchestrator.plan.model.plan import DEFAULT_EXPERIMENT, Arm, Matrix, Plan
 from orchestrator.plan.model.template import RunTemplate
 

@@ -18,7 +18,7 @@ from orchestrator.plan.expansion.build import (
     capture_points,
     event_specs,
     flow_specs,
-    host_plans,
+    host_specs,
     qdisc_stat_links,
     ss_interval_ms,
 )
@@ -80,7 +80,7 @@ def _run_specs(plan: Plan, r: CellRun, varied: dict[str, KeyPath]) -> list[RunSp
     common: dict[str, Any] = dict(
         plan_name=plan.name, experiment=r.cell.experiment, tags=list(plan.tags), cell=r.cell.index,
         params=run_params(plan, r, varied),
-        derived=derived_values(t), duration_s=t.duration.seconds, hosts=host_plans(t, plan.roles, plan.kernels),
+        derived=derived_values(t), duration_s=t.duration.seconds, hosts=host_specs(t, plan.roles, plan.kernels),
         flows=flow_specs(t), captures=capture_points(t), qdisc_stats=stats, qdisc_stats_interval_ms=interval,
         tcp_probe=t.tcp_probe, ss_interval_ms=ss_interval_ms(t), ack_policy=ack_policy_spec(t), events=event_specs(t),
         analysis=analysis_spec(t), accept_guards=list(t.accept_guards))

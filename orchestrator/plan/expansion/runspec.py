@@ -1,8 +1,10 @@
-"""RunSpec: one fully resolved run, the output of plan expansion and the input of the run engine.
+"""RunSpec: one run with every value in kernel units, the output of plan expansion and the input of the run
+engine. Its parts are named `...Spec` (HostSpec, FlowSpec, ...): the per-run stage of a plan section.
 
 Hosts are plan roles (`client`, `aqm`, `server`, ...); interfaces are named by the role of the peer
-they face (`toward`), so a RunSpec is testbed-independent. The engine resolves roles and `toward`
-references against the inventory the lab (or a physical testbed) provides.
+they face (`toward`), so a RunSpec is testbed-independent. The engine binds roles and `toward`
+references to the inventory the lab (or a physical testbed) provides; a HostSpec becomes the
+`schemas.hoststate.HostState` an agent applies.
 """
 from __future__ import annotations
 
@@ -36,7 +38,10 @@ class KernelRef(_Strict):
     sha256: str = Field(description="hash of the variant's definition")
 
 
-class HostPlan(_Strict):
+class HostSpec(_Strict):
+    """One role's host settings for one run: the plan's `all` and role sections merged, qdisc chains in
+    kernel units (the bottleneck's included), interfaces still named by the role they face."""
+
     kernel: KernelRef | None = None
     module_params: dict[str, dict[str, str]] = Field(default_factory=dict,
                                                      description="module -> parameter -> value")
@@ -106,7 +111,7 @@ class RunSpec(_Strict):
     params: dict[str, Any] = Field(description="the matrix values that define this run")
     derived: dict[str, Any] = Field(default_factory=dict)
     duration_s: float = Field(gt=0)
-    hosts: dict[str, HostPlan]
+    hosts: dict[str, HostSpec]
     flows: list[FlowSpec]
     captures: list[CapturePoint]
     qdisc_stats: list[LinkRef] = Field(default_factory=list)

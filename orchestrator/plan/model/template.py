@@ -3,7 +3,7 @@
 Every field is unit-typed (`Rate`, `Time`, `Size`, `Fraction`) and documented with a description and an
 example; `schemas/plan.schema.json` is generated from these models. Only single-field rules live here
 (types, units, ranges, names); rules that relate fields (a flow longer than the run, an unknown role) are
-in `checks.py`, so they can name the exact field at fault.
+in `orchestrator.plan.checks`, so they can name the exact field at fault.
 """
 from __future__ import annotations
 
@@ -89,8 +89,9 @@ class Bottleneck(Strict):
                                  le=10_000_000)
 
 
-class HostSettings(Strict):
-    """Host state for one role (or for every role, under the key `all`)."""
+class HostSection(Strict):
+    """The `hosts.<role>` section of a run template, as the plan writes it (units, the `all` key); the
+    expansion merges `all` with each role's own section into that role's `HostSpec`."""
 
     # added after plans had results: out of the run hash while at their default (see RunTemplate)
     HASH_SKIP_IF_DEFAULT: ClassVar[frozenset[str]] = frozenset({"coalesce", "pause", "static_neighbours"})
@@ -166,7 +167,7 @@ class RunTemplate(Strict):
         "queue": {"kind": "pfifo", "limit": 100}})
     traffic: Traffic = _f(..., "the TCP flows of the run", {
         "src": "server", "dst": "client", "cc": "cubic", "flows": 1})
-    hosts: dict[Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,31}$")], HostSettings] = _f(
+    hosts: dict[Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,31}$")], HostSection] = _f(
         {}, "host settings by role; the key `all` applies to every role (role settings win per key)",
         {"all": {"sysctls": {"net.ipv4.tcp_sack": 1}}})
     captures: list[Capture] | None = _f(
