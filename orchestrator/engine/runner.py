@@ -172,7 +172,7 @@ class Manager:
             "run_id": spec.run_id, "plan_sha256": plan_row["plan_sha256"] if plan_row else None,
             "plan_name": spec.plan_name, "experiment": spec.experiment, "repetition": spec.repetition,
             "seed": spec.seed, "status": "failed" if error else "complete", "params": spec.params,
-            "derived": spec.derived, "spec": spec.model_dump(mode="json"),
+            "derived": spec.derived.model_dump(mode="json"), "spec": spec.model_dump(mode="json"),
             "tags": sorted(set(spec.tags) | set(self.inv.tags)),
             "t0_ns": t0, "duration_s": spec.duration_s, "started_at": started, "finished_at": _now(),
             "error": error, "flags": flags,

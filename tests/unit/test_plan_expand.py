@@ -59,7 +59,7 @@ def test_quickstart_hosts(quick: list[RunSpec]) -> None:
         assert isinstance(htb, Htb) and htb.rate_bit == rate and htb.ceil_bit == rate
         assert htb.burst_bytes == htb.cburst_bytes == max(rate // 8000, 1514)
         assert leaf == Pfifo(limit_packets=100)
-        assert r.derived["htb_burst_bytes"] == htb.burst_bytes
+        assert r.derived.htb_burst_bytes == htb.burst_bytes
 
 
 def test_quickstart_flows_captures_stats(quick: list[RunSpec]) -> None:
@@ -147,9 +147,9 @@ def test_derived_values_formulas() -> None:
     assert window_segments(200_000_000, 8, 1500, 100_000) == pytest.approx(200e6 / (8 * 1518 * 8) * 100e-6)
     runs = expand(load_plan(STUDY), order="cells")
     one = next(r for r in runs if r.experiment == "1")
-    assert one.derived["bdp_bytes"] == 7500
-    assert one.derived["submss"] is False
-    assert next(r for r in runs if r.experiment == "3A").derived["submss"] is True
+    assert one.derived.bdp_bytes == 7500
+    assert one.derived.submss is False
+    assert next(r for r in runs if r.experiment == "3A").derived.submss is True
 
 
 def test_cli_outputs(tmp_path: Path) -> None:

@@ -51,14 +51,14 @@ def test_step_k_relative_to_the_bdp() -> None:
     run = one_run("{kind: red, mode: step, min: 0.17bdp}")
     red = run.hosts["aqm"].qdiscs["receiver"][1]
     assert isinstance(red, Red) and (red.min_bytes, red.max_bytes) == (63_750, 63_751)
-    assert run.derived["step_k_bytes"] == 63_750 and run.derived["bdp_bytes"] == 375_000
-    assert run.derived["target_us"] == 5100.0          # the step's K is the AQM's target by default
+    assert run.derived.step_k_bytes == 63_750 and run.derived.bdp_bytes == 375_000
+    assert run.derived.target_us == 5100.0          # the step's K is the AQM's target by default
 
 
 def test_bfifo_of_one_bdp_and_mark_qdisc() -> None:
     run = one_run("{kind: bfifo, limit: 1bdp}")
     assert run.hosts["aqm"].qdiscs["receiver"][1] == Bfifo(limit_bytes=375_000)
-    assert run.derived["queue_capacity_bdp"] == 1.0
+    assert run.derived.queue_capacity_bdp == 1.0
     run = one_run("{kind: mark, mode: ramp, min: 2ms, max: 4ms, metric: est}")
     assert run.hosts["aqm"].qdiscs["receiver"][1] == Mark(mode="ramp", min_ns=2_000_000, max_ns=4_000_000,
                                                           metric="est", limit_packets=10_000)
@@ -75,7 +75,7 @@ def test_flow_groups_number_on_and_keep_their_tools() -> None:
         (3, 2, "iperf3", 6301, 1.0), (4, 2, "iperf3", 6302, 4.0), (5, 2, "iperf3", 6303, 7.0)]
     assert run.flows[2].rate_bit == 20_000_000 and {f.bytes for f in run.flows[3:]} == {150_000}
     # the UDP load is not a window-limited flow: W counts the 5 TCP flows
-    assert run.derived["per_flow_window_segments"] == pytest.approx(100e6 * 30e-3 / (5 * 1518 * 8), abs=1e-3)
+    assert run.derived.per_flow_window_segments == pytest.approx(100e6 * 30e-3 / (5 * 1518 * 8), abs=1e-3)
 
 
 def test_conditions_resolve_into_the_run_spec() -> None:

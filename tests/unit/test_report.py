@@ -325,9 +325,9 @@ def test_the_base_rtt_comes_from_the_run_s_own_expansion_when_the_plan_does_not_
     from orchestrator.plan import expand, load_plan
 
     [spec] = expand(load_plan(Path(__file__).resolve().parents[2] / "experiments" / "vm" / "dctcp.yaml"))[:1]
-    assert spec.derived["base_rtt_us"] == 20_000           # netem 20 ms holds the whole RTT
+    assert spec.derived.base_rtt_us == 20_000           # netem 20 ms holds the whole RTT
     one_cell = RunMeta(run_id="r", status="complete", params=dict(spec.params), t0_ns=T0, duration_s=1.0,
-                       capture_point=None, bottleneck=None, spec={"derived": dict(spec.derived)})
+                       capture_point=None, bottleneck=None, spec={"derived": spec.derived.model_dump(mode="json")})
     assert one_cell.base_rtt_s == pytest.approx(0.020)
     varied = RunMeta(run_id="r", status="complete", params={"base_rtt_s": 0.05}, t0_ns=T0, duration_s=1.0,
                      capture_point=None, bottleneck=None, spec={"derived": {"base_rtt_us": 20_000}})

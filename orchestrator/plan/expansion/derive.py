@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.plan.expansion.runspec import Derived
 from orchestrator.plan.model.frames import NS_PER_S, htb_burst_bytes, wire_frame_bytes
 from orchestrator.plan.model.qdiscs import BfifoQueue, CakeQueue, MarkQueue, Queue, RedQueue
 from orchestrator.plan.model.template import Bottleneck, RunTemplate
@@ -184,8 +185,12 @@ def tcp_flow_count(t: RunTemplate) -> int:
     return sum(g.flows for g in [t.traffic, *t.background] if g.tool != "udp")
 
 
-def derived_values(t: RunTemplate) -> dict[str, Any]:
-    """Derived values of an instantiated run template (keys carry their unit)."""
+def derived_values(t: RunTemplate) -> Derived:
+    """Derived values of an instantiated run template."""
+    return Derived(**_derived_dict(t))
+
+
+def _derived_dict(t: RunTemplate) -> dict[str, Any]:
     mtu = t.mtu.value
     out: dict[str, Any] = {"wire_frame_bytes": wire_frame_bytes(mtu)}
     b, refs = t.bottleneck, link_refs(t)

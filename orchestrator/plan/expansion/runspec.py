@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from schemas.hoststate import QdiscStage
 
@@ -100,6 +100,68 @@ class CapturePoint(_Strict):
     snaplen: int = 128
 
 
+class Derived(_Strict):
+    """Values the expansion computes from the stated ones (`expansion/derive.py`), in kernel units: each name
+    carries its unit. Only the values that apply to the run are set (no bottleneck: only the frame size; no
+    RED: no red_*); unset ones are left out of the JSON, so a stored spec reads back as it was written."""
+
+    wire_frame_bytes: int | None = Field(None, description="a full-size packet in the qdisc's accounting: MTU + "
+                                         "14 (always set by the expansion)")
+    bottleneck_rate_bit: int | None = Field(None, description="bottleneck rate (htb rate and ceil)")
+    line_rate_bit: int | None = Field(None, description="interface speed netem sees before the shaper")
+    htb_burst_bytes: int | None = Field(None, description="htb burst and cburst: stated, or rate x 1 ms, at least "
+                                        "one frame (G-HTB)")
+    queue_capacity_bytes: int | None = Field(None, description="largest backlog the leaf queue holds (unset for "
+                                             "CAKE, which only a memory limit bounds)")
+    queue_capacity_ms: float | None = Field(None, description="that backlog as time at the bottleneck rate")
+    netem_limit_packets: int | None = Field(None, description="netem limit of the bottleneck delay: stated or "
+                                            "derived (G-NETEM)")
+    netem_limit_rule_packets: int | None = Field(None, description="ceil(1.5 x line rate x delay / MTU) + the "
+                                                 "leaf's buffer in packets (with a line rate)")
+    netem_limit_below_rule: bool | None = Field(None, description="the netem limit is below that rule")
+    red_min_us: float | None = Field(None, description="RED lower threshold (the step's K) in time")
+    red_min_bytes: int | None = Field(None, description="RED lower threshold in bytes at the bottleneck rate")
+    red_max_us: float | None = Field(None, description="RED upper threshold in time (ramp and inst)")
+    step_k_bytes: int | None = Field(None, description="step threshold K = max(rate x K time, 2 MTU) (RED step, "
+                                     "mark step)")
+    red_max_bytes: int | None = Field(None, description="RED upper threshold in bytes (step: K + 1)")
+    red_limit_bytes: int | None = Field(None, description="RED hard limit in bytes")
+    red_avpkt_bytes: int | None = Field(None, description="RED average packet size")
+    red_burst_packets: int | None = Field(None, description="RED burst allowance")
+    red_probability: float | None = Field(None, description="RED marking probability at max")
+    window_segments_at_min: float | None = Field(None, description="per-flow window in segments with the queue "
+                                                 "at RED min")
+    window_segments_at_max: float | None = Field(None, description="per-flow window in segments with the queue "
+                                                 "at RED max")
+    marking_queue_bytes: int | None = Field(None, description="the queue the flows of a marking AQM top out at "
+                                            "(its upper threshold in bytes)")
+    target_us: float | None = Field(None, description="queue delay the AQM aims for (bottleneck.target or the "
+                                    "AQM's lower threshold / target; 0 for none)")
+    base_rtt_us: float | None = Field(None, description="base RTT: base_rtt, else the bottleneck netem delay")
+    bdp_bytes: int | None = Field(None, description="bandwidth-delay product at the bottleneck rate")
+    queue_capacity_bdp: float | None = Field(None, description="queue capacity in BDPs")
+    per_flow_window_segments: float | None = Field(None, description="rate / (N x (MTU + 18) x 8) x (base RTT + "
+                                                   "target), N = TCP flows")
+    submss: bool | None = Field(None, description="that window is below 2 segments (G-FLOOR)")
+    floor_queue_us: float | None = Field(None, description="standing queue the 2-segment cwnd floor implies "
+                                         "(G-FLOOR)")
+
+    @model_serializer(mode="wrap")
+    def _set_values_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        values = {k: v for k, v in handler(self).items() if v is not None}
+        if "step_k_bytes" not in values or "red_min_bytes" in values:
+            return values
+        # a `mark` step: its K is derived from the marking queue and has always been written after it
+        # (a RED step writes K before it, as the field order has it); stored specs keep their key order
+        k = values.pop("step_k_bytes")
+        out: dict[str, Any] = {}
+        for name, value in values.items():
+            out[name] = value
+            if name == "marking_queue_bytes":
+                out["step_k_bytes"] = k
+        return out
+
+
 class RunSpec(_Strict):
     run_id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$")
     plan_name: str
@@ -109,7 +171,7 @@ class RunSpec(_Strict):
     repetition: int = 0
     seed: int = 0
     params: dict[str, Any] = Field(description="the matrix values that define this run")
-    derived: dict[str, Any] = Field(default_factory=dict)
+    derived: Derived = Field(default_factory=Derived, description="values computed at expansion")
     duration_s: float = Field(gt=0)
     hosts: dict[str, HostSpec]
     flows: list[FlowSpec]
