@@ -17,8 +17,16 @@ live in `orchestrator.plan.commands`. See docs/plans.md for the format.
 from orchestrator.plan.checks.errors import Issue, PlanError
 from orchestrator.plan.checks.loader import check_plan, load_plan, load_plan_text, plan_sha256
 from orchestrator.plan.expansion.runs import expand
-from orchestrator.plan.expansion.runspec import CapturePoint, FlowSpec, HostSpec, LinkRef, RunSpec
+from orchestrator.plan.expansion.runspec import (
+    AnalysisSpec,
+    CapturePoint,
+    Derived,
+    FlowSpec,
+    HostSpec,
+    LinkRef,
+    RunSpec,
+)
 from orchestrator.plan.model.plan import Plan
 
-__all__ = ["CapturePoint", "FlowSpec", "HostSpec", "Issue", "LinkRef", "Plan", "PlanError", "RunSpec", "check_plan",
-           "expand", "load_plan", "load_plan_text", "plan_sha256"]
+__all__ = ["AnalysisSpec", "CapturePoint", "Derived", "FlowSpec", "HostSpec", "Issue", "LinkRef", "Plan", "PlanError",
+           "RunSpec", "check_plan", "expand", "load_plan", "load_plan_text", "plan_sha256"]
