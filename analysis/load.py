@@ -1,179 +1,47 @@
-"""Reading ingested runs from the result DB into typed metadata and numpy arrays (the only DB reader
-besides analysis/select.py, which only resolves selectors to run ids).
+"""Reading ingested runs from the result DB into RunMeta and RunData (the only DB reader besides
+analysis/select.py, which only resolves selectors to run ids).
 
 One run at a time: a run's packets are fetched column-wise in chunks straight into structured arrays
-(narrowed dtypes taken from orchestrator/storage/records.py), so no per-packet Python objects outlive a
-chunk. Which capture point and which qdisc form "the bottleneck", and which capture is on the sender
-side (for RTT, FCT and gaps), is decided here from the run's spec.
+(the narrowed dtypes of analysis/rundata.py), so no per-packet Python objects outlive a chunk. Which
+capture point and which qdisc form "the bottleneck", and which capture is on the sender side (for RTT,
+FCT and gaps), comes from the run's spec through RunMeta (analysis/runmeta.py).
 """
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import replace
 
 import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from orchestrator.plan.runspec import LinkRef
-from orchestrator.storage import records
+from analysis.rundata import (
+    NO_SS_SAMPLES,
+    PACKET_DTYPE,
+    PACKET_FIELDS,
+    PROBE_DTYPE,
+    PROBE_FIELDS,
+    QDELAY_DTYPE,
+    QDELAY_FIELDS,
+    QDISC_DTYPE,
+    QDISC_FIELDS,
+    SIDE_DTYPE,
+    SIDE_FIELDS,
+    SS_DTYPE,
+    FlowInfo,
+    RunData,
+    dominant_port,
+    own_rows,
+    pick_interface,
+    pick_queue_handle,
+)
+from analysis.runmeta import RunMeta, read_spec
+from orchestrator.plan import LinkRef
 from orchestrator.storage import tables as T
 from schemas.flag import Flag
 
 FETCH_CHUNK = 100_000
-ROOT_PARENTS = frozenset({"root", "", "ffff:ffff", "ffff:"})
-"""How a root qdisc's parent may be recorded (tc -j shows "root": true, netlink TC_H_ROOT)."""
 
-
-def _narrow(dtype: np.dtype, names: Sequence[str]) -> np.dtype:
-    return np.dtype([(n, dtype.fields[n][0]) for n in names])
-
-
-# Only what the metrics read (ports come from the run's `conn` rows, joined in).
-PACKET_FIELDS = ("ts_ns", "src_port", "dst_port", "seq", "payload_len", "ip_len", "ecn")
-PACKET_DTYPE = _narrow(records.PACKET, PACKET_FIELDS)
-# Both directions of a flow at the sender-side capture: RTT from timestamps, FCT, gaps.
-SIDE_FIELDS = ("ts_ns", "src_port", "dst_port", "seq", "ack", "payload_len", "ip_len", "tcp_flags", "ecn",
-               "tsval", "tsecr")
-SIDE_DTYPE = _narrow(records.PACKET, SIDE_FIELDS)
-QDELAY_FIELDS = ("ts_in_ns", "sojourn_ns", "payload_len", "ce", "dropped")
-QDELAY_DTYPE = np.dtype(_narrow(records.QDELAY, QDELAY_FIELDS).descr + [("src_port", "i4"), ("dst_port", "i4")])
-QDISC_FIELDS = ("ts_ns", "handle", "parent", "kind", "packets", "drops", "backlog_bytes", "qlen")
-QDISC_DTYPE = _narrow(records.QDISC_SAMPLE, QDISC_FIELDS)
-PROBE_FIELDS = ("ts_ns", "sport", "dport", "snd_cwnd", "ssthresh", "srtt_us")
-PROBE_DTYPE = _narrow(records.TCP_PROBE, PROBE_FIELDS)
-SS_DTYPE = np.dtype([("ts_ns", "i8"), ("sport", "i4"), ("dport", "i4"), ("cwnd", "f8"), ("rtt_us", "f8"),
-                     ("dctcp_alpha", "f8")])
-"""ss samples (M-SS); NULL columns become NaN (e.g. dctcp_alpha of a non-DCTCP flow)."""
-NO_SS_SAMPLES = "no ss samples"
-
-
-@dataclass(frozen=True)
-class FlowInfo:
-    """One row of the `flow` table; src_port is NULL when the sender's port was not recorded."""
-
-    flow_id: int
-    src_host: str
-    dst_host: str
-    src_port: int | None
-    dst_port: int
-    cc: str
-    start_s: float
-    duration_s: float
-
-
-@dataclass(frozen=True)
-class RunMeta:
-    """A run's identity and the parameters tables and plot titles are made from."""
-
-    run_id: str
-    status: str
-    params: dict[str, Any]
-    t0_ns: int | None
-    duration_s: float
-    capture_point: str | None
-    bottleneck: LinkRef | None
-    plan_name: str = ""
-    experiment: str = ""
-    repetition: int = 0
-    tags: tuple[str, ...] = ()
-    spec: dict[str, Any] = field(default_factory=dict, repr=False)
-    flags: tuple[str, ...] = ()          # guard findings recorded with the run (G-CPULOAD, G-CLOCK, accepted ...)
-
-    @property
-    def cc(self) -> str:
-        return str(self.params.get("cc", ""))
-
-    @property
-    def rate_bit(self) -> int | None:
-        """The bottleneck rate: the run's value of a varied `rate`, else the plan's derived
-        `bottleneck_rate_bit` (params only hold what the plan varies: a one-cell plan has none)."""
-        rate = self.params.get("rate_bit")
-        if rate is None:
-            rate = (self.spec.get("derived") or {}).get("bottleneck_rate_bit")
-        return int(rate) if rate is not None else None
-
-    @property
-    def base_rtt_s(self) -> float | None:
-        """The base RTT the plan states: a varied `base_rtt`/`rtt`/`delay` (LS-AIMD calls it base_rtt), else
-        the derived `base_rtt_us` of the run's own expansion (a one-cell plan varies nothing)."""
-        for key in ("base_rtt_s", "rtt_s", "delay_s"):
-            value = self.params.get(key)
-            if isinstance(value, int | float) and value > 0:
-                return float(value)
-        derived = (self.spec.get("derived") or {}).get("base_rtt_us")
-        return derived / 1e6 if isinstance(derived, int | float) and derived > 0 else None
-
-    @property
-    def flows(self) -> int | None:
-        n = self.params.get("flows")
-        return int(n) if n is not None else None
-
-
-@dataclass(frozen=True)
-class RunData:
-    """Everything the run table and the report need from one run, already narrowed to the bottleneck.
-
-    flows: src_port resolved where the flow table had NULL (see load_run). packets: per flow_id, the
-    flow's data packets at the capture point (payload > 0, time-ordered). qdisc: samples of the
-    bottleneck qdisc handle (time-ordered). probe: tcp_probe events whose remote port is a flow's
-    receiver port (sender-side events of the data and control connections).
-    """
-
-    meta: RunMeta
-    flows: list[FlowInfo]
-    packets: dict[int, np.ndarray] = field(default_factory=dict)
-    qdisc: np.ndarray = field(default_factory=lambda: np.empty(0, QDISC_DTYPE))
-    qdisc_handle: str | None = None
-    probe: np.ndarray = field(default_factory=lambda: np.empty(0, PROBE_DTYPE))
-    # detail (load_run(..., detail=True)): queue delay rows of the flows, both directions of each flow at
-    # the sender-side capture, ss samples (or why there are none)
-    qdelay: np.ndarray = field(default_factory=lambda: np.empty(0, QDELAY_DTYPE))
-    sender_point: str | None = None
-    sender_side: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
-    ss: np.ndarray = field(default_factory=lambda: np.empty(0, SS_DTYPE))
-    ss_note: str = NO_SS_SAMPLES
-
-
-# ---------------------------------------------------------------------------- spec interpretation
-
-def _link(obj: Any) -> LinkRef | None:
-    try:
-        return LinkRef.model_validate(obj)
-    except ValueError:
-        return None
-
-
-def bottleneck_of(spec: dict[str, Any]) -> tuple[str | None, LinkRef | None]:
-    """(capture point label, qdisc-stats link) of a run spec.
-
-    The bottleneck link is the first qdisc_stats link; goodput is read at the capture on that link
-    (downstream of the queue), else at the run's first capture point.
-    """
-    captures = [c for c in (_link(c.get("link")) for c in spec.get("captures") or []) if c]
-    stats = [s for s in (_link(s) for s in spec.get("qdisc_stats") or []) if s]
-    link = stats[0] if stats else None
-    point = next((c.label for c in captures if c == link), None)
-    if point is None and captures:
-        point = captures[0].label
-    return point, link
-
-
-def sender_point_of(spec: dict[str, Any], sender: str, bottleneck_point: str | None) -> str | None:
-    """The capture point on the sender's side of the bottleneck, for one-clock timing (M-RTT a, M-FCT,
-    M-GAP): a capture on the sender itself, else the interface facing the sender (the aqm's ingress:
-    data before the queue, ACKs after the return path), else any other capture, else the bottleneck's."""
-    links = [c for c in (_link(c.get("link")) for c in spec.get("captures") or []) if c]
-    for wanted in (lambda c: c.host == sender, lambda c: c.toward == sender,
-                   lambda c: c.label != bottleneck_point):
-        hit = next((c.label for c in links if wanted(c)), None)
-        if hit is not None:
-            return hit
-    return bottleneck_point
-
-
-# ---------------------------------------------------------------------------- reading
 
 def _to_array(conn: Connection, stmt: sa.Select, dtype: np.dtype) -> np.ndarray:
     """Run a select whose columns are dtype's fields in order, into a structured array."""
@@ -200,12 +68,10 @@ def list_runs(conn: Connection, run_ids: Iterable[str] | None = None) -> list[Ru
         stmt = stmt.where(r.c.run_id.in_(wanted))
     metas = {}
     for row in conn.execute(stmt):
-        point, link = bottleneck_of(row.spec or {})
         metas[row.run_id] = RunMeta(run_id=row.run_id, status=row.status, params=dict(row.params or {}),
-                                    t0_ns=row.t0_ns, duration_s=row.duration_s,
-                                    capture_point=point, bottleneck=link, plan_name=row.plan_name,
+                                    t0_ns=row.t0_ns, duration_s=row.duration_s, plan_name=row.plan_name,
                                     experiment=row.experiment, repetition=row.repetition,
-                                    tags=tuple(str(t) for t in row.tags or ()), spec=dict(row.spec or {}),
+                                    tags=tuple(str(t) for t in row.tags or ()), spec=read_spec(row.spec),
                                     flags=tuple(str(Flag.from_stored(f)) for f in row.flags or ()))
     if run_ids is None:
         return list(metas.values())
@@ -240,39 +106,6 @@ def load_packets(conn: Connection, key: int | None, point: str,
     return _to_array(conn, stmt, PACKET_DTYPE)
 
 
-def _pick_interface(interfaces: list[str], link: LinkRef | None) -> str:
-    """The sampled interface that is the bottleneck link: the only one, else one named after the link
-    (the DB stores the real interface name, which the spec does not know), else the first by name."""
-    interfaces = sorted(interfaces)
-    if len(interfaces) > 1 and link is not None:
-        for name in interfaces:
-            if name in (link.label, f"to-{link.toward}") or link.toward in name:
-                return name
-    return interfaces[0]
-
-
-def pick_queue_handle(samples: np.ndarray) -> str | None:
-    """The handle carrying the bottleneck queue's backlog: the root qdisc (htb/tbf count their children's
-    backlog), stepping below any netem, whose backlog is its delay line (packets on the emulated wire, not
-    queued: netem 10 ms at 20 Mbit/s holds 25 kB). Without a root sample: the largest summed backlog."""
-    if samples.size == 0:
-        return None
-    roots = sorted(set(samples["handle"][np.isin(samples["parent"], sorted(ROOT_PARENTS))]))
-    if not roots:
-        handles = np.unique(samples["handle"])
-        totals = [samples["backlog_bytes"][samples["handle"] == h].sum() for h in handles]
-        return str(handles[int(np.argmax(totals))])
-    kinds = dict(zip(samples["handle"].tolist(), samples["kind"].tolist(), strict=True))
-    parents = dict(zip(samples["handle"].tolist(), samples["parent"].tolist(), strict=True))
-    handle = str(roots[0])
-    while kinds.get(handle) == "netem":
-        children = sorted(h for h, parent in parents.items() if parent.startswith(handle) and h != handle)
-        if not children:
-            break
-        handle = children[0]
-    return handle
-
-
 def load_bottleneck_qdisc(conn: Connection, key: int | None,
                           link: LinkRef | None) -> tuple[str | None, np.ndarray]:
     """(handle, time-ordered samples) of the bottleneck queue (pick_queue_handle); (None, empty) if none."""
@@ -283,7 +116,7 @@ def load_bottleneck_qdisc(conn: Connection, key: int | None,
         return None, np.empty(0, QDISC_DTYPE)
     hosts = {h for h, _ in pairs}
     host = link.host if link is not None and link.host in hosts else sorted(hosts)[0]
-    iface = _pick_interface([i for h, i in pairs if h == host], link)
+    iface = pick_interface([i for h, i in pairs if h == host], link)
     where += [q.c.host == host, q.c.interface == iface]
     stmt = sa.select(*(q.c[n] for n in QDISC_FIELDS)).where(*where).order_by(q.c.ts_ns)
     samples = _to_array(conn, stmt, QDISC_DTYPE)
@@ -349,17 +182,6 @@ def load_ss(conn: Connection, run_id: str, key: int | None, dports: Sequence[int
     return arr, ("" if arr.size else f"{NO_SS_SAMPLES} (none recorded for this run)")
 
 
-def dominant_port(ports: np.ndarray, weights: np.ndarray) -> int | None:
-    """The port carrying the most weight (bytes or events), or None if there is none.
-
-    Needed when the flow table has no sender port: iperf3's control connection uses the same
-    receiver port as the data stream but carries only a few hundred bytes and ACKs."""
-    if ports.size == 0:
-        return None
-    uniq, inverse = np.unique(ports, return_inverse=True)
-    return int(uniq[int(np.argmax(np.bincount(inverse, weights=weights)))])
-
-
 def load_run(conn: Connection, meta: RunMeta, detail: bool = False) -> RunData:
     """Flows, per-flow bottleneck packets, bottleneck qdisc samples and tcp_probe events of one run;
     with detail also the flows' queue-delay rows, sender-side packets (data, acks) and ss samples.
@@ -391,24 +213,17 @@ def load_run(conn: Connection, meta: RunMeta, detail: bool = False) -> RunData:
     return _with_detail(conn, key, data) if detail and resolved else data
 
 
-def _own(arr: np.ndarray, f: FlowInfo, ports: str) -> np.ndarray:
-    """Rows of one flow's connection: `ports` names the (sender, receiver) port fields' order."""
-    a, b = ("src_port", "dst_port") if ports == "data" else ("dst_port", "src_port")
-    mask = arr[b] == f.dst_port
-    return arr[mask & (arr[a] == f.src_port)] if f.src_port is not None else arr[mask]
-
-
 def _with_detail(conn: Connection, key: int | None, data: RunData) -> RunData:
     meta, flows = data.meta, data.flows
     ports = [f.dst_port for f in flows]
     qdelay = load_qdelay(conn, key, ports)
-    qdelay = np.concatenate([_own(qdelay, f, "data") for f in flows]) if flows else qdelay
+    qdelay = np.concatenate([own_rows(qdelay, f, "data") for f in flows]) if flows else qdelay
     senders = sorted({f.src_host for f in flows})
-    point = sender_point_of(meta.spec, senders[0], meta.capture_point) if senders else None
+    point = meta.sender_point(senders[0]) if senders else None
     side: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     if point is not None:
         pkts = load_side_packets(conn, key, point, ports)
-        side = {f.flow_id: (_own(pkts, f, "data"), _own(pkts, f, "ack")) for f in flows}
+        side = {f.flow_id: (own_rows(pkts, f, "data"), own_rows(pkts, f, "ack")) for f in flows}
     ss, note = load_ss(conn, meta.run_id, key, ports)
     return replace(data, qdelay=qdelay[np.argsort(qdelay["ts_in_ns"], kind="stable")], sender_point=point,
                    sender_side=side, ss=ss, ss_note=note)

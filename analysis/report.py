@@ -21,13 +21,13 @@ from sqlalchemy.engine import Engine
 
 from analysis import metrics
 from analysis.export import parquet_available, write_tables
-from analysis.load import RunData, iter_runs
+from analysis.load import iter_runs
 from analysis.plots import Panel, RunSeries, backlog_png, box_png, cdf_png, throughput_png, timeseries_png
+from analysis.rundata import RunData
 from analysis.runstats import SERIES_BIN_NS, RunAnalysis, analyse
 from analysis.summary import COLUMNS, CSV_FIELDS, RunRow, csv_record, fmt_rate, table_cells
 from analysis.tables import (
     Table,
-    aqm_label,
     arm_labels,
     convergence_table,
     flows_table,
@@ -147,11 +147,11 @@ def figures(results: Sequence[RunAnalysis], series: Sequence[RunSeries], bin_ns:
                       cdf_png({r.run_id: r.qdelay_sketch_us / 1e3 for r in results}, "queue delay (ms)",
                               "per-packet queue delay"), "queue delay CDF"))
     arms = arm_labels(results)
-    several_aqms = len({aqm_label(r.data_meta.params, r.data_meta.spec) for r in results}) > 1
+    several_aqms = len({r.data_meta.aqm for r in results}) > 1
     pooled: dict[str, list[np.ndarray]] = {}
     for r in results:
         m = r.data_meta
-        label = f"{m.experiment} {arms[r.run_id]}" + (f" {aqm_label(m.params, m.spec)}" if several_aqms else "")
+        label = f"{m.experiment} {arms[r.run_id]}" + (f" {m.aqm}" if several_aqms else "")
         pooled.setdefault(label, []).append(r.qdelay_sketch_us / 1e3)
     boxes = {k: metrics.box_stats(np.concatenate(v)) for k, v in pooled.items()}
     out.append(Figure("Queue delay across the matrix (experiment × arm, repetitions pooled)",

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from analysis import metrics as m
-from analysis.load import PACKET_DTYPE, RunData
+from analysis.rundata import PACKET_DTYPE, RunData
 from analysis.summary import RunRow, summarise
 
 MS = 1_000_000
@@ -51,7 +51,7 @@ class FlowResult:
 class RunAnalysis:
     """A run's table row, window metrics, per-flow results and the series plots and CSVs are made of."""
 
-    data_meta: object                    # analysis.load.RunMeta (kept for labels and params)
+    data_meta: object                    # analysis.runmeta.RunMeta (kept for labels and params)
     row: RunRow
     window: m.Window
     t0_ns: int | None
@@ -87,7 +87,7 @@ def _bins(data: RunData, t0: int, end_ns: int) -> dict[int, int]:
     rtt_bin = rtt_bin_ns(data.meta.base_rtt_s)
     if rtt_bin is not None:
         widths.add(rtt_bin)
-    plan_bin = (data.meta.spec.get("analysis") or {}).get("bin_s")
+    plan_bin = data.meta.analysis.bin_s
     if plan_bin:
         widths.add(int(round(plan_bin * 1e9)))
     return {w: max(0, (end_ns - t0) // w + 1) for w in sorted(widths)}
@@ -108,15 +108,14 @@ def analyse(data: RunData) -> RunAnalysis:
     meta = data.meta
     row = summarise(data)
     notes: list[str] = [f"run flag: {f}" for f in meta.flags]   # a flagged run's numbers are suspect: say so
-    analysis = meta.spec.get("analysis") or {}
+    analysis = meta.analysis
     pk = {f.flow_id: data.packets.get(f.flow_id, np.empty(0, PACKET_DTYPE)) for f in data.flows}
     spans = {i: (int(p["ts_ns"].min()), int(p["ts_ns"].max())) for i, p in pk.items() if p.size}
     t0 = meta.t0_ns if meta.t0_ns is not None else (min(s[0] for s in spans.values()) if spans else None)
     if t0 is None or not spans:
         notes.append("no data packets at the bottleneck capture")
         t0 = t0 or 0
-    window = m.analysis_window(list(spans.values()), t0, float(analysis.get("warmup_s") or 0.0),
-                               analysis.get("measure_s"), analysis.get("window") or "all_flows_active")
+    window = m.analysis_window(list(spans.values()), t0, analysis.warmup_s, analysis.measure_s, analysis.window)
     if window.empty and spans:
         notes.append(f"empty analysis window ({window.rule}): window metrics are NaN")
     w0, w1 = window.start_ns, window.end_ns

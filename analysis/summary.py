@@ -16,7 +16,8 @@ from rich.table import Table
 from sqlalchemy.engine import Engine
 
 from analysis import metrics
-from analysis.load import PACKET_DTYPE, RunData, iter_runs
+from analysis.load import iter_runs
+from analysis.rundata import PACKET_DTYPE, RunData
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 
 A Table is a title, column names and rows of plain values (str, int, float, None), so one object is
 rendered to HTML, CSV and Parquet alike. Runs are grouped by what the plan varied:
-  - the AQM configuration: params.queue (kind and mode, e.g. `red-ramp`), params.aqm, else the leaf qdisc
-    of the bottleneck chain in the run spec (`pfifo`);
+  - the AQM configuration (RunMeta.aqm): a varied queue (kind and mode, e.g. `red-ramp`), a param called
+    `aqm`, else the leaf qdisc of the bottleneck chain in the run spec (`pfifo`);
   - the arm: params.arm, else the parameters that differ between runs of the same experiment
     (`cc=reno flows=2`), else the CC;
   - the column: the experiment (LS-AIMD: 1, 2, 3A … 4H).
@@ -25,7 +25,6 @@ from analysis.runstats import RunAnalysis
 MISSING = "–"
 STAT_ROWS = ("min", "max", "mean", "sd", "p95", "p99")
 """LS-AIMD queue-delay table rows, in the study's order."""
-SHAPING_KINDS = frozenset({"htb", "tbf", "netem", "hfsc"})
 
 
 @dataclass(frozen=True)
@@ -40,21 +39,6 @@ class Table:
 
 
 # ---------------------------------------------------------------------------- grouping labels
-
-def aqm_label(params: dict, spec: dict) -> str:
-    """The AQM configuration of a run (see module doc)."""
-    queue = params.get("queue")
-    if isinstance(queue, dict) and queue.get("kind"):
-        return "-".join(str(queue[k]) for k in ("kind", "mode") if queue.get(k))
-    if isinstance(params.get("aqm"), str):
-        return params["aqm"]
-    for stats in spec.get("qdisc_stats") or []:
-        chain = ((spec.get("hosts") or {}).get(stats.get("host"), {}).get("qdiscs") or {}).get(stats.get("toward"))
-        kinds = [s.get("kind") for s in chain or [] if s.get("kind") not in SHAPING_KINDS]
-        if kinds:
-            return str(kinds[-1])
-    return MISSING
-
 
 def _companions(params: dict) -> set[str]:
     """`rate_bit` beside `rate`: numeric companions of written values; the label shows what was written."""
@@ -101,7 +85,7 @@ def qdelay_tables(results: Sequence[RunAnalysis]) -> list[Table]:
     arms = arm_labels(results)
     groups: dict[str, list[RunAnalysis]] = defaultdict(list)
     for r in results:
-        groups[aqm_label(r.data_meta.params, r.data_meta.spec)].append(r)
+        groups[r.data_meta.aqm].append(r)
     tables = []
     for aqm, runs in groups.items():
         exps = list(dict.fromkeys(r.data_meta.experiment for r in runs))
@@ -130,7 +114,7 @@ def summary_by_arm(results: Sequence[RunAnalysis], name: str, title: str,
     arms = arm_labels(results)
     groups: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     for r in results:
-        key = (r.data_meta.experiment, aqm_label(r.data_meta.params, r.data_meta.spec), arms[r.run_id])
+        key = (r.data_meta.experiment, r.data_meta.aqm, arms[r.run_id])
         groups[key] += [v for v in value(r) if v is not None and not math.isnan(v)]
     rows = []
     for (exp, aqm, arm), vals in groups.items():
@@ -172,7 +156,7 @@ def runs_table(results: Sequence[RunAnalysis]) -> Table:
     rows = []
     for r in results:
         meta, u = r.data_meta, r.utilisation
-        rows.append((r.run_id, meta.plan_name, meta.experiment, aqm_label(meta.params, meta.spec), arms[r.run_id],
+        rows.append((r.run_id, meta.plan_name, meta.experiment, meta.aqm, arms[r.run_id],
                      meta.repetition, r.row.cc, r.row.rate_bit, r.row.flows, r.window.rule,
                      (r.window.start_ns - r.t0_ns) / 1e9 if r.t0_ns is not None else None,
                      r.window.length_ns / 1e9, r.row.goodput_bps,

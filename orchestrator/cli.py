@@ -19,7 +19,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
     from orchestrator.lab import netns, vm, vm_image
     from orchestrator.lab.topology import netns_topology
     from orchestrator.lab.vm_config import parse_vm_roles, plan_kernel_package
-    from orchestrator.plan.errors import PlanError
+    from orchestrator.plan import PlanError
 
     if (args.kernel or args.vm_roles or args.plan) and args.kind != "vm":
         console.print("[red]--kernel, --vm-roles and --plan need --kind vm[/red]")
@@ -33,8 +33,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
             roles = parse_vm_roles(args.vm_roles or "aqm", netns_topology(netns.LAB_PREFIX))
             kernel = args.kernel
             if args.plan:
-                from orchestrator.plan.expand import expand
-                from orchestrator.plan.loader import load_plan
+                from orchestrator.plan import expand, load_plan
 
                 plan = load_plan(args.plan)
                 wanted = plan_kernel_package(plan.kernels, expand(plan), roles)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from orchestrator.guards.cpu import kernel_groups
 from orchestrator.inventory import Inventory
-from orchestrator.plan.runspec import RunSpec
+from orchestrator.plan import RunSpec
 from schemas import protocol
 from schemas.hoststate import HostState, InterfaceState
 

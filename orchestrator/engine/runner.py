@@ -21,7 +21,7 @@ from orchestrator.guards.finalise import RunOutcome, finalise_run
 from orchestrator.ingest.assemble import sender_ports
 from orchestrator.ingest.record import RunRecord
 from orchestrator.inventory import Inventory
-from orchestrator.plan.runspec import RunSpec
+from orchestrator.plan import RunSpec
 from schemas import protocol
 from schemas.flag import Flag
 
@@ -149,7 +149,7 @@ class RunEngine:
             "run_id": spec.run_id, "plan_sha256": plan_row["plan_sha256"] if plan_row else None,
             "plan_name": spec.plan_name, "experiment": spec.experiment, "repetition": spec.repetition,
             "seed": spec.seed, "status": "failed" if error else "complete", "params": spec.params,
-            "derived": spec.derived, "spec": spec.model_dump(mode="json"),
+            "derived": spec.derived.model_dump(mode="json"), "spec": spec.model_dump(mode="json"),
             "tags": sorted(set(spec.tags) | set(self.inv.tags)),
             "t0_ns": t0, "duration_s": spec.duration_s, "started_at": started, "finished_at": _now(),
             "error": error, "flags": [f.stored() for f in flags],

@@ -5,7 +5,7 @@ parameter is compared with what the kernel reports, and each mismatch is named.
 """
 from __future__ import annotations
 
-from orchestrator.plan.runspec import RunSpec
+from orchestrator.plan import RunSpec
 from schemas import protocol
 from schemas.flag import Flag
 from schemas.hoststate import HostState, InterfaceState

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from orchestrator.plan.runspec import RunSpec
+from orchestrator.plan import RunSpec
 from orchestrator.storage.records import PROTO_TCP
 from schemas.flag import Flag
 

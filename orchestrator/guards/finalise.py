@@ -18,7 +18,7 @@ from analysis.metrics.windows import analysis_window
 from orchestrator.guards import clock, cpu, ecn, pre_run, qdisc, ss
 from orchestrator.ingest.assemble import assemble, cpu_samples
 from orchestrator.ingest.record import RunRecord
-from orchestrator.plan.runspec import RunSpec
+from orchestrator.plan import RunSpec
 from orchestrator.storage.run_ingest import RunIngest
 from orchestrator.storage.writer import write_run
 from schemas.flag import Flag, unique

@@ -5,7 +5,7 @@ pitfall itself, e.g. an undersized netem limit); an accepted finding is recorded
 """
 from __future__ import annotations
 
-from orchestrator.plan.runspec import RunSpec
+from orchestrator.plan import RunSpec
 from schemas.flag import Flag
 from schemas.hoststate import Htb, Netem, QdiscStage
 from schemas.qdiscs import kind_of
@@ -16,7 +16,7 @@ DEFAULT_TCP_LIMIT_OUTPUT_BYTES = 1_048_576   # Linux >= 4.19 (older kernels: 262
 
 
 def _mtu(spec: RunSpec) -> int:
-    return int(spec.derived.get("wire_frame_bytes", 1514)) - 14
+    return (spec.derived.wire_frame_bytes or 1514) - 14
 
 
 def _buffer_packets(stages: list[QdiscStage], mtu: int) -> int:
@@ -29,14 +29,14 @@ def netem_findings(spec: RunSpec) -> list[Flag]:
     """G-NETEM: limit >= ceil(1.5 x rate x delay / MTU) + the child's buffer, at the highest rate netem sees."""
     out = []
     mtu = _mtu(spec)
-    line = spec.derived.get("line_rate_bit")
+    line = spec.derived.line_rate_bit
     for role, hp in spec.hosts.items():
         for toward, chain in hp.qdiscs.items():
             for i, s in enumerate(chain):
                 if not isinstance(s, Netem) or s.delay_ns == 0:
                     continue
                 shaped = [x.rate_bit for x in chain[i + 1:] if isinstance(x, Htb)]
-                rate = line or (shaped[0] if shaped else spec.derived.get("bottleneck_rate_bit"))
+                rate = line or (shaped[0] if shaped else spec.derived.bottleneck_rate_bit)
                 if rate is None:
                     continue
                 need = -(-3 * rate * s.delay_ns // (2 * 8 * 10**9 * mtu)) + _buffer_packets(chain[i + 1:], mtu)
@@ -89,8 +89,8 @@ def _max_field(value: str | None) -> int | None:
 def sockbuf_findings(spec: RunSpec) -> list[Flag]:
     """G-SOCKBUF: tcp_wmem[2] (senders) and tcp_rmem[2] (receivers) >= 2 x (BDP + buffer). With a marking
     AQM the queue the flows can build is its upper threshold, not the hard limit behind it."""
-    bdp = spec.derived.get("bdp_bytes")
-    buf = spec.derived.get("marking_queue_bytes", spec.derived.get("queue_capacity_bytes", 0))
+    bdp, marking = spec.derived.bdp_bytes, spec.derived.marking_queue_bytes
+    buf = marking if marking is not None else spec.derived.queue_capacity_bytes or 0
     if bdp is None:
         return []
     need = 2 * (bdp + buf)
@@ -110,7 +110,7 @@ def tsq_findings(spec: RunSpec) -> list[Flag]:
     (delay + target) x rate to sit in local qdiscs."""
     out = []
     senders = {f.src for f in spec.flows}
-    rate, target_us = spec.derived.get("bottleneck_rate_bit"), spec.derived.get("target_us", 0)
+    rate, target_us = spec.derived.bottleneck_rate_bit, spec.derived.target_us or 0
     for role in senders:
         hp = spec.hosts.get(role)
         if hp is None or rate is None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from orchestrator.plan.runspec import RunSpec
+from orchestrator.plan import RunSpec
 from schemas.flag import Flag
 from schemas.hoststate import Netem
 
@@ -50,7 +50,7 @@ def qdisc_findings(spec: RunSpec, host: str, iface: str, samples: np.ndarray) ->
             out.append(Flag(guard=guard, host=host,
                             message=f"{d['kind']} {handle} on {iface} dropped {own} packets itself, above "
                                "the queue under test: drops outside the AQM (raise its limit)"))
-    rate = spec.derived.get("bottleneck_rate_bit")
+    rate = spec.derived.bottleneck_rate_bit
     bulk = any(f.tool == "iperf3" and not f.bytes for f in spec.flows)
     for handle, d in deltas.items():
         carried_bit = int(d["bytes"]) * 8

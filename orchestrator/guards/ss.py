@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from orchestrator.plan.runspec import RunSpec
+from orchestrator.plan import RunSpec
 from schemas.flag import Flag
 
 

@@ -27,7 +27,7 @@ from orchestrator.ingest.qdelay_stream import pair_stream
 from orchestrator.ingest.record import RunRecord
 from orchestrator.ingest.ss import parse_ss
 from orchestrator.ingest.tcp_probe import parse_tcp_probe
-from orchestrator.plan.runspec import RunSpec
+from orchestrator.plan import RunSpec
 from orchestrator.storage import addr, records
 from orchestrator.storage.conns import ConnRegistry
 from orchestrator.storage.run_ingest import RunIngest

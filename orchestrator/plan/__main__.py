@@ -1,4 +1,4 @@
-"""`python -m orchestrator.plan {validate,expand,table} FILE` until the top-level CLI wires these in."""
+"""`python -m orchestrator.plan {validate,expand,table} FILE`: the `tcplab plan ...` commands on their own."""
 from orchestrator.plan.commands import main
 
 raise SystemExit(main())

@@ -12,11 +12,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from orchestrator.plan.errors import PlanError
-from orchestrator.plan.expand import expand
-from orchestrator.plan.loader import load_plan, plan_sha256
-from orchestrator.plan.runspec import RunSpec
-from orchestrator.plan.table import render, study_table
+from orchestrator.plan.checks.errors import PlanError
+from orchestrator.plan.checks.loader import load_plan, plan_sha256
+from orchestrator.plan.expansion.runs import expand
+from orchestrator.plan.expansion.runspec import RunSpec
+from orchestrator.plan.expansion.table import render, study_table
 
 EXIT_OK, EXIT_INVALID = 0, 2
 

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from orchestrator.guards.ecn import ACK, CWR, ECE, SYN, EcnTally
 from orchestrator.guards.finalise import finalise_run
 from orchestrator.ingest.record import RunRecord
-from orchestrator.plan.runspec import RunSpec
+from orchestrator.plan import RunSpec
 from orchestrator.storage import tables as T
 from orchestrator.storage.db import open_db
 from tests.lab.conftest import one_flow_plan, run_lab_plan, stored_flags

@@ -228,8 +228,7 @@ def test_floor_plan_keeps_the_two_segment_standing_queue(vm_lab, tmp_path):
     from analysis import metrics as m
     from analysis.load import iter_runs
     from analysis.runstats import analyse
-    from orchestrator.plan.expand import expand
-    from orchestrator.plan.loader import load_plan
+    from orchestrator.plan import expand, load_plan
 
     _, state_dir = vm_lab
     engine = run_lab_plan(FLOOR_PLAN, state_dir, tmp_path)
@@ -238,7 +237,7 @@ def test_floor_plan_keeps_the_two_segment_standing_queue(vm_lab, tmp_path):
     assert len(runs) == 1 and runs[0].status == "complete", runs
     derived = json.loads(runs[0].derived) if isinstance(runs[0].derived, str) else runs[0].derived
     [spec] = expand(load_plan(FLOOR_PLAN))
-    assert derived == spec.derived                     # what the run stored is the plan's own expansion
+    assert derived == spec.derived.model_dump(mode="json")   # what the run stored is the plan's own expansion
     floor_us = derived["floor_queue_us"]
     assert derived["submss"] is True and floor_us > 10_000, derived
     cycle_us = floor_us + derived["bdp_bytes"] * 8e6 / derived["bottleneck_rate_bit"]   # F + base RTT

@@ -19,8 +19,7 @@ from orchestrator.guards.cpu import kernel_groups
 from orchestrator.guards.finalise import cpu_guard, measurement_window
 from orchestrator.ingest.cpu import parse_cpu
 from orchestrator.ingest.record import RunRecord
-from orchestrator.plan.expand import expand
-from orchestrator.plan.loader import load_plan
+from orchestrator.plan import expand, load_plan
 from schemas import protocol
 from tests.unit.test_ss_sampler import QUICKSTART, _inventory
 

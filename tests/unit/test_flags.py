@@ -15,8 +15,7 @@ from scapy.utils import wrpcap
 
 from orchestrator.guards.ecn import COUNTERS, EcnTally, chunk_counts, wants_ecn
 from orchestrator.ingest.pcap import read_pcap
-from orchestrator.plan.expand import expand
-from orchestrator.plan.loader import load_plan
+from orchestrator.plan import expand, load_plan
 from schemas.flag import Flag, parse_line, unique
 
 ROOT = Path(__file__).resolve().parents[2]

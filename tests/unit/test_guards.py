@@ -8,8 +8,7 @@ import pytest
 
 from orchestrator.guards.clock import clock_findings
 from orchestrator.guards.pre_run import pre_run_findings, refusing
-from orchestrator.plan.expand import expand
-from orchestrator.plan.loader import load_plan, load_plan_text
+from orchestrator.plan import expand, load_plan, load_plan_text
 
 ROOT = Path(__file__).resolve().parents[2]
 

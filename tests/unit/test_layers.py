@@ -34,6 +34,8 @@ def test_the_repository_keeps_its_layers():
     ("orchestrator/engine/verify.py", "import agents.host.argv", "no agent internals"),
     ("agents/session.py", "import orchestrator.plan", "agents depend on schemas only"),
     ("analysis/metrics/stats.py", "import sqlalchemy", "metric maths is pure"),
+    ("orchestrator/plan/expansion/runs.py", "import orchestrator.plan.checks.passes", "plan layers"),
+    ("orchestrator/plan/model/qdiscs.py", "import orchestrator.plan.expansion.derive", "plan layers"),
 ])
 def test_a_forbidden_import_breaks_a_contract(tmp_path, module, line, contract):
     for pkg in PACKAGES:

@@ -12,8 +12,7 @@ from agents.host.executor import InterfaceSnapshot, Snapshot, snapshot_differenc
 from orchestrator.engine import verify
 from orchestrator.engine.bind import BindError, host_states, peer_neighbours
 from orchestrator.inventory import Inventory
-from orchestrator.plan.expand import expand
-from orchestrator.plan.loader import load_plan_text
+from orchestrator.plan import expand, load_plan_text
 from schemas import nic
 from schemas.hoststate import HostState, InterfaceState
 from schemas.neighbours import permanent_neighbours
@@ -212,7 +211,7 @@ def test_plan_names_match_the_nic_tables_both_sides_use():
     """The plan accepts exactly the NIC setting names the agent can apply and the manager can verify: a name
     added to one and not the other would be refused by the agent mid-campaign, or never checked on read-back."""
     schema = json.loads((Path(__file__).resolve().parents[2] / "schemas" / "plan.schema.json").read_text())
-    props = schema["$defs"]["HostSettings"]["properties"]
+    props = schema["$defs"]["HostSection"]["properties"]
     assert set(props["offloads"]["propertyNames"]["enum"]) == set(nic.OFFLOAD_LONG_NAMES)
     assert set(props["coalesce"]["propertyNames"]["enum"]) == nic.COALESCE_NAMES
     assert tuple(props["pause"]["propertyNames"]["enum"]) == nic.PAUSE_NAMES

@@ -6,9 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.plan.errors import PlanError
-from orchestrator.plan.expand import expand
-from orchestrator.plan.loader import load_plan, load_plan_text
+from orchestrator.plan import PlanError, expand, load_plan, load_plan_text
 from schemas.hoststate import Htb, Netem, Red
 
 PLANS = Path(__file__).resolve().parents[1] / "plans"
@@ -28,8 +26,8 @@ def test_ramp_chain_in_kernel_units(runs: dict) -> None:
     assert htb == Htb(rate_bit=200_000_000, ceil_bit=200_000_000, burst_bytes=25_000, cburst_bytes=25_000)
     # G-NETEM: ceil(1.5 x 1 Gbit/s x 300 us / 1500 B) = 38, plus the RED buffer in packets (3334)
     assert netem == Netem(delay_ns=300_000, limit_packets=38 + 3334)
-    assert r.derived["netem_limit_rule_packets"] == 3372 and r.derived["netem_limit_below_rule"] is False
-    assert r.derived["bdp_bytes"] == 7500            # the netem delay stands in for the base RTT
+    assert r.derived.netem_limit_rule_packets == 3372 and r.derived.netem_limit_below_rule is False
+    assert r.derived.bdp_bytes == 7500            # the netem delay stands in for the base RTT
 
 
 def test_step_with_axis_inside_the_arm_queue(runs: dict) -> None:
@@ -69,4 +67,4 @@ def test_explicit_netem_limit_below_the_rule_is_kept_and_flagged() -> None:
                                                                  "    netem_limit: 1000")
     r = expand(load_plan_text(text))[0]
     assert r.hosts["aqm"].qdiscs["client"][0] == Netem(delay_ns=300_000, limit_packets=1000)
-    assert r.derived["netem_limit_below_rule"] is True
+    assert r.derived.netem_limit_below_rule is True

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.plan import Issue, PlanError, load_plan, load_plan_text
 from orchestrator.plan.commands import cmd_expand, cmd_table, cmd_validate
-from orchestrator.plan.errors import Issue, PlanError
-from orchestrator.plan.loader import load_plan, load_plan_text
 
 PLANS = Path(__file__).resolve().parents[1] / "plans"
 LINE = re.compile(r"^(?P<file>[^:]+):(?P<line>\d+):(?P<col>\d+): (?P<path>\S+): (?P<msg>.+)$")

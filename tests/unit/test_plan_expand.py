@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.plan import RunSpec, expand, load_plan, load_plan_text, plan_sha256
 from orchestrator.plan.commands import cmd_expand, cmd_table, cmd_validate
-from orchestrator.plan.derive import bdp_bytes, htb_burst_bytes, window_segments
-from orchestrator.plan.expand import expand
-from orchestrator.plan.loader import load_plan, load_plan_text, plan_sha256
-from orchestrator.plan.runspec import RunSpec
+from orchestrator.plan.expansion.derive import bdp_bytes, window_segments
+from orchestrator.plan.model.frames import htb_burst_bytes
 from schemas.hoststate import Bfifo, Htb, Pfifo, Tbf
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,7 +59,7 @@ def test_quickstart_hosts(quick: list[RunSpec]) -> None:
         assert isinstance(htb, Htb) and htb.rate_bit == rate and htb.ceil_bit == rate
         assert htb.burst_bytes == htb.cburst_bytes == max(rate // 8000, 1514)
         assert leaf == Pfifo(limit_packets=100)
-        assert r.derived["htb_burst_bytes"] == htb.burst_bytes
+        assert r.derived.htb_burst_bytes == htb.burst_bytes
 
 
 def test_quickstart_flows_captures_stats(quick: list[RunSpec]) -> None:
@@ -148,9 +147,9 @@ def test_derived_values_formulas() -> None:
     assert window_segments(200_000_000, 8, 1500, 100_000) == pytest.approx(200e6 / (8 * 1518 * 8) * 100e-6)
     runs = expand(load_plan(STUDY), order="cells")
     one = next(r for r in runs if r.experiment == "1")
-    assert one.derived["bdp_bytes"] == 7500
-    assert one.derived["submss"] is False
-    assert next(r for r in runs if r.experiment == "3A").derived["submss"] is True
+    assert one.derived.bdp_bytes == 7500
+    assert one.derived.submss is False
+    assert next(r for r in runs if r.experiment == "3A").derived.submss is True
 
 
 def test_cli_outputs(tmp_path: Path) -> None:
@@ -174,14 +173,13 @@ def test_cli_outputs(tmp_path: Path) -> None:
     assert cmd_expand(QUICKSTART, False, out, io.StringIO()) == 0 and len(out.getvalue().splitlines()) == 8
 
 
-def test_expand_checks_plans_built_in_python() -> None:
-    from orchestrator.plan.errors import PlanError
-    from orchestrator.plan.model import Plan
+def test_plans_built_in_python_are_checked_as_files_are() -> None:
+    from orchestrator.plan import Plan, PlanError, check_plan
 
     doc = {"name": "py", "run": {"duration": "5s", "traffic": {"src": "server", "dst": "client", "cc": "reno",
                                                                "flows": 1, "duration": "9s"}}}
-    with pytest.raises(PlanError, match="flow longer than the run"):
-        expand(Plan.model_validate(doc))
+    with pytest.raises(PlanError, match=r"<plan py>:1:1: run.traffic.duration: .*flow longer than the run"):
+        check_plan(Plan.model_validate(doc))
     doc["run"]["traffic"]["duration"] = "5s"
-    (run,) = expand(Plan.model_validate(doc))
+    (run,) = expand(check_plan(Plan.model_validate(doc)))
     assert run.run_id.startswith("py-main-") and run.hosts["aqm"].qdiscs == {}

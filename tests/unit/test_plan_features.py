@@ -7,10 +7,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.engine.verify import capability_problems
-from orchestrator.plan.errors import PlanError
-from orchestrator.plan.expand import expand
-from orchestrator.plan.loader import load_plan, load_plan_text
-from orchestrator.plan.quantities import Buffer, Threshold
+from orchestrator.plan import PlanError, expand, load_plan, load_plan_text
+from orchestrator.plan.model.quantities import Buffer, Threshold
 from schemas import protocol
 from schemas.hoststate import Bfifo, Mark, Red
 
@@ -36,14 +34,14 @@ def one_run(queue: str, extra: str = "") -> object:
 
 
 def test_threshold_and_buffer_units() -> None:
-    assert Threshold("0.17bdp").resolve(30_000_000, None) == 5_100_000      # K = 0.17 x BDP, in time
-    assert Threshold("3target").resolve(None, 250_000) == 750_000
+    assert Threshold("0.17bdp").in_ns(30_000_000, None) == 5_100_000      # K = 0.17 x BDP, in time
+    assert Threshold("3target").in_ns(None, 250_000) == 750_000
     assert Threshold("500us").value == ("ns", 500_000)
-    assert Buffer("1bdp").resolve(10_000_000, 30_000_000) == 37_500         # timer study: 1 x BDP
-    assert Buffer("200ms").resolve(200_000_000, None) == 5_000_000
-    assert Buffer("18750").value == ("bytes", 18_750) and Buffer(18750).resolve(None, None) == 18_750
+    assert Buffer("1bdp").in_bytes(10_000_000, 30_000_000) == 37_500         # timer study: 1 x BDP
+    assert Buffer("200ms").in_bytes(200_000_000, None) == 5_000_000
+    assert Buffer("18750").value == ("bytes", 18_750) and Buffer(18750).in_bytes(None, None) == 18_750
     with pytest.raises(ValueError, match="relative to the target"):
-        Threshold("2target").resolve(30_000_000, None)
+        Threshold("2target").in_ns(30_000_000, None)
     with pytest.raises(ValueError, match="relative"):
         Threshold("0.17rtt")
 
@@ -53,14 +51,14 @@ def test_step_k_relative_to_the_bdp() -> None:
     run = one_run("{kind: red, mode: step, min: 0.17bdp}")
     red = run.hosts["aqm"].qdiscs["receiver"][1]
     assert isinstance(red, Red) and (red.min_bytes, red.max_bytes) == (63_750, 63_751)
-    assert run.derived["step_k_bytes"] == 63_750 and run.derived["bdp_bytes"] == 375_000
-    assert run.derived["target_us"] == 5100.0          # the step's K is the AQM's target by default
+    assert run.derived.step_k_bytes == 63_750 and run.derived.bdp_bytes == 375_000
+    assert run.derived.target_us == 5100.0          # the step's K is the AQM's target by default
 
 
 def test_bfifo_of_one_bdp_and_mark_qdisc() -> None:
     run = one_run("{kind: bfifo, limit: 1bdp}")
     assert run.hosts["aqm"].qdiscs["receiver"][1] == Bfifo(limit_bytes=375_000)
-    assert run.derived["queue_capacity_bdp"] == 1.0
+    assert run.derived.queue_capacity_bdp == 1.0
     run = one_run("{kind: mark, mode: ramp, min: 2ms, max: 4ms, metric: est}")
     assert run.hosts["aqm"].qdiscs["receiver"][1] == Mark(mode="ramp", min_ns=2_000_000, max_ns=4_000_000,
                                                           metric="est", limit_packets=10_000)
@@ -77,7 +75,7 @@ def test_flow_groups_number_on_and_keep_their_tools() -> None:
         (3, 2, "iperf3", 6301, 1.0), (4, 2, "iperf3", 6302, 4.0), (5, 2, "iperf3", 6303, 7.0)]
     assert run.flows[2].rate_bit == 20_000_000 and {f.bytes for f in run.flows[3:]} == {150_000}
     # the UDP load is not a window-limited flow: W counts the 5 TCP flows
-    assert run.derived["per_flow_window_segments"] == pytest.approx(100e6 * 30e-3 / (5 * 1518 * 8), abs=1e-3)
+    assert run.derived.per_flow_window_segments == pytest.approx(100e6 * 30e-3 / (5 * 1518 * 8), abs=1e-3)
 
 
 def test_conditions_resolve_into_the_run_spec() -> None:
@@ -147,7 +145,7 @@ kernels:
 
 
 def test_table_with_an_experiment_without_arms() -> None:
-    from orchestrator.plan.table import render, study_table
+    from orchestrator.plan.expansion.table import render, study_table
     text = """name: mixed
 run:
   duration: 10s

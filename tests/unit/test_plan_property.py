@@ -9,9 +9,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.plan.errors import PlanError
-from orchestrator.plan.expand import expand
-from orchestrator.plan.loader import load_plan_text
+from orchestrator.plan import PlanError, expand, load_plan_text
 
 ROOT = Path(__file__).resolve().parents[2]
 BASES = [yaml.safe_load(p.read_text()) for p in

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
-from orchestrator.plan.schema import SCHEMA_PATH, plan_schema, render
+from orchestrator.plan.model.schema import SCHEMA_PATH, plan_schema, render
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD_PLANS = [ROOT / "experiments" / "quickstart.yaml", *sorted((ROOT / "tests" / "plans").glob("good_*.yaml"))]
@@ -18,7 +18,7 @@ GOOD_PLANS = [ROOT / "experiments" / "quickstart.yaml", *sorted((ROOT / "tests" 
 
 def test_schema_file_matches_the_model() -> None:
     assert SCHEMA_PATH.read_text(encoding="utf-8") == render(plan_schema()), (
-        "schemas/plan.schema.json is stale: run `python -m orchestrator.plan.schema`")
+        "schemas/plan.schema.json is stale: run `python -m orchestrator.plan.model.schema`")
 
 
 def _properties(schema: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from orchestrator.plan.quantities import PositiveTime, Rate, Size, Time
-from orchestrator.plan.units import (
+from orchestrator.plan.model.quantities import PositiveTime, Rate, Size, Time
+from orchestrator.plan.model.units import (
     format_rate,
     format_time_ns,
     parse_fraction,

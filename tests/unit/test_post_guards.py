@@ -8,8 +8,7 @@ from orchestrator.guards import ecn, qdisc
 from orchestrator.guards import ss as ss_guards
 from orchestrator.ingest.assemble import parse_qdisc_csv
 from orchestrator.ingest.ss import parse_ss
-from orchestrator.plan.expand import expand
-from orchestrator.plan.loader import load_plan, load_plan_text
+from orchestrator.plan import expand, load_plan, load_plan_text
 from schemas.hoststate import Netem
 
 ROOT = Path(__file__).resolve().parents[2]

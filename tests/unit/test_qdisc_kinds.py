@@ -15,7 +15,7 @@ from typing import Literal, get_args, get_origin
 import pytest
 from pydantic import ValidationError
 
-from orchestrator.plan import qdiscs as plan_qdiscs
+from orchestrator.plan.model import qdiscs as plan_qdiscs
 from schemas import hoststate
 from schemas.qdiscs import (
     KINDS,

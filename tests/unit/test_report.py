@@ -15,9 +15,9 @@ import pytest
 import sqlalchemy as sa
 from PIL import Image
 
-from analysis import load, summary
+from analysis import load, rundata, runmeta, summary
 from analysis.report import write_report
-from orchestrator.plan.runspec import CapturePoint, FlowSpec, HostPlan, LinkRef, RunSpec
+from orchestrator.plan import CapturePoint, FlowSpec, HostSpec, LinkRef, RunSpec
 from orchestrator.storage import tables as T
 from schemas.hoststate import Htb, Pfifo
 
@@ -33,7 +33,7 @@ def spec(run_id: str, cc: str, rate_bit: int, ports: list[int]) -> dict:
     aqm_link = LinkRef(host="aqm", toward="client")
     return RunSpec(
         run_id=run_id, plan_name="quick", experiment="e", params={}, duration_s=1.0,
-        hosts={"aqm": HostPlan(qdiscs={"client": [Htb(rate_bit=rate_bit), Pfifo(limit_packets=100)]})},
+        hosts={"aqm": HostSpec(qdiscs={"client": [Htb(rate_bit=rate_bit), Pfifo(limit_packets=100)]})},
         flows=flows,
         # The sender-side capture comes first: the bottleneck point must be found by link, not order.
         captures=[CapturePoint(link=LinkRef(host="server", toward="aqm")), CapturePoint(link=aqm_link)],
@@ -166,30 +166,31 @@ def engine(tmp_path: Path) -> sa.Engine:
 
 def test_bottleneck_point_comes_from_the_qdisc_stats_link():
     s = spec("r", "reno", 10**7, [5201])
-    assert load.bottleneck_of(s) == ("aqm:to-client", LinkRef(host="aqm", toward="client"))
+    assert runmeta.bottleneck_of(RunSpec.model_validate(s)) == ("aqm:to-client", LinkRef(host="aqm", toward="client"))
     s["qdisc_stats"] = []
-    assert load.bottleneck_of(s) == ("server:to-aqm", None)    # falls back to the first capture
-    assert load.bottleneck_of({}) == (None, None)
+    assert runmeta.bottleneck_of(RunSpec.model_validate(s)) == ("server:to-aqm", None)   # the first capture
+    assert runmeta.bottleneck_of(None) == (None, None)
+    assert runmeta.read_spec({}) is None and runmeta.read_spec({"derived": {}}) is None   # not a RunSpec
 
 
 def test_queue_handle_fallback_is_the_largest_backlog():
-    s = np.zeros(4, dtype=load.QDISC_DTYPE)
+    s = np.zeros(4, dtype=rundata.QDISC_DTYPE)
     s["handle"] = ["1:", "1:", "10:", "10:"]
     s["parent"] = ["1:1", "1:1", "1:2", "1:2"]      # nothing marked root
     s["backlog_bytes"] = [100, 100, 10, 10]
-    assert load.pick_queue_handle(s) == "1:"
+    assert rundata.pick_queue_handle(s) == "1:"
     s["parent"][2:] = "root"
-    assert load.pick_queue_handle(s) == "10:"
-    assert load.pick_queue_handle(s[:0]) is None
+    assert rundata.pick_queue_handle(s) == "10:"
+    assert rundata.pick_queue_handle(s[:0]) is None
 
 
 def test_queue_handle_steps_below_netem():
     # netem 1: -> htb 2: -> red 3: as the VM-lab plan builds it (tc -s -j qdisc parents)
-    s = np.zeros(3, dtype=load.QDISC_DTYPE)
+    s = np.zeros(3, dtype=rundata.QDISC_DTYPE)
     s["handle"], s["parent"], s["kind"] = ["1:", "2:", "3:"], ["root", "1:1", "2:1"], ["netem", "htb", "red"]
     s["backlog_bytes"] = [25000 + 3000, 3000, 3000]   # netem's own count includes its delay line
-    assert load.pick_queue_handle(s) == "2:"
-    assert load.pick_queue_handle(s[:1]) == "1:"       # netem alone: nothing below to pick
+    assert rundata.pick_queue_handle(s) == "2:"
+    assert rundata.pick_queue_handle(s[:1]) == "1:"       # netem alone: nothing below to pick
 
 
 # ---------------------------------------------------------------------------- run_table
@@ -308,30 +309,39 @@ def test_empty_report_still_writes_files(tmp_path):
     assert (tmp_path / "runs.csv").read_text().startswith("run_id,")
 
 
-def test_the_bottleneck_rate_comes_from_the_derived_values_when_the_plan_does_not_vary_it():
-    from analysis.load import RunMeta
-    one_cell = RunMeta(run_id="r", status="complete", params={"cc": "reno"}, t0_ns=T0, duration_s=1.0,
-                       capture_point=None, bottleneck=None, spec={"derived": {"bottleneck_rate_bit": 10_000_000}})
-    assert one_cell.rate_bit == 10_000_000
-    varied = RunMeta(run_id="r", status="complete", params={"rate_bit": 20_000_000}, t0_ns=T0, duration_s=1.0,
-                     capture_point=None, bottleneck=None, spec={"derived": {"bottleneck_rate_bit": 10_000_000}})
-    assert varied.rate_bit == 20_000_000
-    assert RunMeta(run_id="r", status="complete", params={}, t0_ns=T0, duration_s=1.0, capture_point=None,
-                   bottleneck=None).rate_bit is None
+def _meta(spec: RunSpec | None, params: dict | None = None) -> runmeta.RunMeta:
+    return runmeta.RunMeta(run_id="r", status="complete", params=params or {}, t0_ns=T0, duration_s=1.0, spec=spec)
 
 
-def test_the_base_rtt_comes_from_the_run_s_own_expansion_when_the_plan_does_not_vary_it():
-    from analysis.load import RunMeta
-    from orchestrator.plan.expand import expand
-    from orchestrator.plan.loader import load_plan
+def test_the_bottleneck_rate_is_the_derived_one_else_the_shaper_on_the_bottleneck_link():
+    from orchestrator.plan import expand, load_plan
 
-    [spec] = expand(load_plan(Path(__file__).resolve().parents[2] / "experiments" / "vm" / "dctcp.yaml"))[:1]
-    assert spec.derived["base_rtt_us"] == 20_000           # netem 20 ms holds the whole RTT
-    one_cell = RunMeta(run_id="r", status="complete", params=dict(spec.params), t0_ns=T0, duration_s=1.0,
-                       capture_point=None, bottleneck=None, spec={"derived": dict(spec.derived)})
-    assert one_cell.base_rtt_s == pytest.approx(0.020)
-    varied = RunMeta(run_id="r", status="complete", params={"base_rtt_s": 0.05}, t0_ns=T0, duration_s=1.0,
-                     capture_point=None, bottleneck=None, spec={"derived": {"base_rtt_us": 20_000}})
-    assert varied.base_rtt_s == 0.05
-    assert RunMeta(run_id="r", status="complete", params={}, t0_ns=T0, duration_s=1.0, capture_point=None,
-                   bottleneck=None).base_rtt_s is None
+    [one_cell] = expand(load_plan(Path(__file__).resolve().parents[2] / "experiments" / "vm" / "dctcp.yaml"))[:1]
+    assert "rate_bit" not in one_cell.params and one_cell.derived.bottleneck_rate_bit   # the rate is not varied
+    assert _meta(one_cell).rate_bit == one_cell.derived.bottleneck_rate_bit
+    shaped = RunSpec.model_validate(spec("r", "reno", 20_000_000, [5201]))   # no bottleneck section: an htb chain
+    assert shaped.derived.bottleneck_rate_bit is None and _meta(shaped).rate_bit == 20_000_000
+    assert _meta(None).rate_bit is None
+
+
+def test_the_base_rtt_comes_from_the_run_s_own_expansion():
+    from orchestrator.plan import expand, load_plan
+
+    [one_cell] = expand(load_plan(Path(__file__).resolve().parents[2] / "experiments" / "vm" / "dctcp.yaml"))[:1]
+    assert one_cell.derived.base_rtt_us == 20_000           # netem 20 ms holds the whole RTT
+    assert _meta(one_cell).base_rtt_s == pytest.approx(0.020)
+    assert _meta(RunSpec.model_validate(spec("r", "reno", 10**7, [5201]))).base_rtt_s is None   # none stated
+    assert _meta(None).base_rtt_s is None
+
+
+def test_what_the_run_spec_says_about_flows_cc_aqm_and_windows():
+    s = RunSpec.model_validate(spec("r", "reno", 10**7, [5201, 5202]))
+    meta = _meta(s)
+    assert (meta.flows, meta.cc, meta.aqm) == (2, "reno", "pfifo")     # the chain's leaf below the htb
+    assert (meta.capture_point, meta.bottleneck) == ("aqm:to-client", LinkRef(host="aqm", toward="client"))
+    assert meta.sender_point("server") == "server:to-aqm"
+    assert meta.analysis.window == "all_flows_active" and meta.analysis.warmup_s == 0.0
+    red = {"kind": "red", "mode": "ramp", "min": "1ms"}
+    assert _meta(s, {"queue": red}).aqm == "red-ramp" and _meta(s, {"aqm": "fq_codel"}).aqm == "fq_codel"
+    empty = _meta(None)
+    assert (empty.flows, empty.cc, empty.aqm, empty.capture_point) == (None, "", "–", None)

@@ -6,12 +6,16 @@ from types import SimpleNamespace as NS
 import pytest
 
 from analysis.metrics import Stats
-from analysis.tables import aqm_label, arm_labels, qdelay_tables, utilisation_table
+from analysis.runmeta import RunMeta
+from analysis.tables import arm_labels, qdelay_tables, utilisation_table
+from orchestrator.plan import HostSpec, LinkRef, RunSpec
+from schemas.hoststate import Htb, Pfifo
 
 
 def run(run_id, exp, arm, queue_mode, mean, rep=0, util=0.9):
     params = {"arm": arm, "queue": {"kind": "red", "mode": queue_mode}, "rate": "200mbit", "rate_bit": 200_000_000}
-    meta = NS(params=params, spec={}, plan_name="lsaimd-t51", experiment=exp, repetition=rep)
+    meta = RunMeta(run_id=run_id, status="complete", params=params, t0_ns=None, duration_s=1.0, plan_name="lsaimd-t51",
+                   experiment=exp, repetition=rep)
     q = Stats(100, mean - 10, mean, mean, 5.0, mean + 20, mean + 30, mean + 40)
     return NS(run_id=run_id, data_meta=meta, qdelay=q, row=NS(cc="reno"), flows=[],
               utilisation=NS(wire=NS(mean=util)))
@@ -38,10 +42,14 @@ def test_arm_labels_fall_back_to_varied_params_and_aqm_to_the_chain_leaf():
     a.data_meta.params.update(arm=None, cc="reno", rate="20mbit", rate_bit=20_000_000)
     b.data_meta.params.update(arm=None, cc="cubic", rate="20mbit", rate_bit=20_000_000)
     assert arm_labels([a, b]) == {"a": "cc=reno", "b": "cc=cubic"}
-    spec = {"qdisc_stats": [{"host": "aqm", "toward": "client"}],
-            "hosts": {"aqm": {"qdiscs": {"client": [{"kind": "htb"}, {"kind": "pfifo"}]}}}}
-    assert aqm_label({}, spec) == "pfifo" and aqm_label({"aqm": "fq_codel"}, {}) == "fq_codel"
-    assert aqm_label({}, {}) == "–"
+    spec = RunSpec(run_id="r", plan_name="p", experiment="main", params={}, duration_s=1.0, flows=[], captures=[],
+                   hosts={"aqm": HostSpec(qdiscs={"client": [Htb(rate_bit=10**7), Pfifo(limit_packets=100)]})},
+                   qdisc_stats=[LinkRef(host="aqm", toward="client")])
+
+    def meta(params: dict, spec: RunSpec | None) -> RunMeta:
+        return RunMeta(run_id="r", status="complete", params=params, t0_ns=None, duration_s=1.0, spec=spec)
+    assert meta({}, spec).aqm == "pfifo" and meta({"aqm": "fq_codel"}, None).aqm == "fq_codel"
+    assert meta({}, None).aqm == "–"
 
 
 def test_utilisation_table_per_experiment_and_arm():

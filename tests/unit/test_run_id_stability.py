@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.plan.expand import expand
-from orchestrator.plan.loader import load_plan
+from orchestrator.plan import expand, load_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 PINNED = json.loads((ROOT / "tests/fixtures/plans/run_ids.json").read_text())

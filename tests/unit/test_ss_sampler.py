@@ -14,10 +14,8 @@ from agents.tasks import SsSample, make_runner, ss_argv
 from orchestrator.engine.bind import schedule_tasks, timeline
 from orchestrator.ingest.ss import parse_ss_with_stats
 from orchestrator.inventory import Inventory
-from orchestrator.plan.canon import canonical
-from orchestrator.plan.errors import PlanError
-from orchestrator.plan.expand import expand
-from orchestrator.plan.loader import load_plan, load_plan_text
+from orchestrator.plan import PlanError, expand, load_plan, load_plan_text
+from orchestrator.plan.expansion.canon import canonical
 from schemas import protocol
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "experiments" / "quickstart.yaml"
@@ -52,7 +50,7 @@ def test_plan_field_reaches_the_runspec_and_leaves_other_run_ids_alone() -> None
     assert [r.ss_interval_ms for r in sampled] == [50] * 8
     assert {r.run_id for r in sampled}.isdisjoint({r.run_id for r in plain})   # a different run
     # A field at its default is not part of the run hash: existing plans keep their run ids.
-    from orchestrator.plan.template import RunTemplate
+    from orchestrator.plan.model.template import RunTemplate
     assert "ss" in RunTemplate.HASH_SKIP_IF_DEFAULT
     doc = {"duration": "5s", "traffic": {"src": "a", "dst": "b", "cc": "reno", "flows": 1}}
     assert "ss" not in canonical(RunTemplate.model_validate(doc))

@@ -11,10 +11,8 @@ import jsonschema
 import pytest
 import yaml
 
+from orchestrator.plan import RunSpec, expand, load_plan
 from orchestrator.plan.commands import cmd_table
-from orchestrator.plan.expand import expand
-from orchestrator.plan.loader import load_plan
-from orchestrator.plan.runspec import RunSpec
 from schemas.hoststate import Htb, Netem, Red
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,9 +70,9 @@ def test_lsaimd_cells_follow_table_5_1(lsaimd: list[RunSpec], exp: str) -> None:
         assert r.duration_s == (flows - 1) + dur_s
         # W_s = rate / (N x (MTU + 18) x 8) x (base RTT + target); flagged below 2 segments (G-FLOOR)
         w = rate / (flows * (mtu + 18) * 8) * (rtt_us + target_us) * 1e-6
-        assert r.derived["per_flow_window_segments"] == pytest.approx(w, abs=5e-4)
-        assert r.derived["submss"] == (w < 2)
-        assert r.derived["bdp_bytes"] == -(-rate * rtt_us // 8_000_000)
+        assert r.derived.per_flow_window_segments == pytest.approx(w, abs=5e-4)
+        assert r.derived.submss == (w < 2)
+        assert r.derived.bdp_bytes == -(-rate * rtt_us // 8_000_000)
         t_bytes = rate // 8 * target_us // 10**6
         mode = r.params["arm"].split("-")[1]
         if mode == "ramp":    # min/max = target / 3 x target, burst by the rule of thumb, adaptive, 10 %
@@ -84,7 +82,7 @@ def test_lsaimd_cells_follow_table_5_1(lsaimd: list[RunSpec], exp: str) -> None:
         elif mode == "step":  # K = max(rate x target, 2 MTU), max = K + 1, probability 1
             k = max(t_bytes, 2 * mtu)
             assert (red.min_bytes, red.max_bytes, red.probability) == (k, k + 1, 1.0)
-            assert r.derived["step_k_bytes"] == k
+            assert r.derived.step_k_bytes == k
         else:                 # instantaneous ramp target .. 2 x target
             assert (red.min_bytes, red.max_bytes, red.probability) == (t_bytes, 2 * t_bytes, 1.0)
             assert not red.adaptive

@@ -187,8 +187,7 @@ run:
 
 
 def _kernel_plan(server: str):
-    from orchestrator.plan.expand import expand
-    from orchestrator.plan.loader import load_plan_text
+    from orchestrator.plan import expand, load_plan_text
     plan = load_plan_text(KERNEL_PLAN.replace("SERVER", server), "k.yaml")
     return plan.kernels, expand(plan)
 

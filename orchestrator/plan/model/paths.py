@@ -1,9 +1,10 @@
-"""Dotted field paths into the run template, resolved by type rather than by string splitting.
+"""Paths into plan documents: key paths (tuples of keys and list indices) and dotted field paths, which
+are parsed by type rather than by string splitting.
 
 `hosts.all.sysctls.net.ipv4.tcp_ecn` walks RunTemplate -> hosts (a map of models: one segment is the
-key) -> HostSettings -> sysctls (a map of plain values: the rest of the path is the key). The result is
-the canonical path (`('hosts', 'all', 'sysctls', 'net.ipv4.tcp_ecn')`) and the annotation a value at that
-path must satisfy, so axis values are validated as the field they set.
+key) -> HostSection -> sysctls (a map of plain values: the rest of the path is the key). The result is
+the canonical key path (`('hosts', 'all', 'sysctls', 'net.ipv4.tcp_ecn')`) and the annotation a value at
+that path must satisfy, so axis values are validated as the field they set.
 """
 from __future__ import annotations
 
@@ -17,7 +18,11 @@ from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, Field
 
-from orchestrator.plan.errors import Path
+KeyPath = tuple[str | int, ...]
+"""Where a value sits in a document: mapping keys and list indices from the root, e.g.
+`('matrix', 'axes', 'bottleneck.rate', 1)`."""
+
+
 
 
 class PathError(ValueError):
@@ -26,7 +31,7 @@ class PathError(ValueError):
 
 @dataclass(frozen=True)
 class Target:
-    path: Path
+    path: KeyPath
     annotation: Any   # None when the field's type depends on a choice (e.g. the queue kind)
 
 
@@ -62,17 +67,17 @@ def _is_container(tp: Any) -> bool:
     return is_model(base) or get_origin(base) in (dict, list, Union, types.UnionType)
 
 
-def _where(done: Path) -> str:
+def _where(done: KeyPath) -> str:
     return ".".join(str(s) for s in done) or "the run template"
 
 
-def _unknown(seg: str, known: list[str], done: Path) -> PathError:
+def _unknown(seg: str, known: list[str], done: KeyPath) -> PathError:
     close = difflib.get_close_matches(seg, known, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else f" (fields: {', '.join(known)})"
     return PathError(f"{_where(done)} has no field {seg!r}{hint}")
 
 
-def _walk(tp: Any, segs: list[str], done: Path) -> Target:
+def _walk(tp: Any, segs: list[str], done: KeyPath) -> Target:
     if not segs:
         return Target(done, tp)
     base, seg = unwrap(tp), segs[0]
@@ -110,7 +115,7 @@ def _walk(tp: Any, segs: list[str], done: Path) -> Target:
     raise PathError(f"{_where(done)} is a single value; it has no field {seg!r}")
 
 
-def resolve(root: type[BaseModel], dotted: str) -> Target:
+def parse_field_path(root: type[BaseModel], dotted: str) -> Target:
     """Canonical path and value type of `dotted` inside `root`; raise PathError if there is none."""
     segs = dotted.split(".")
     if not dotted or any(not s for s in segs):
@@ -118,7 +123,7 @@ def resolve(root: type[BaseModel], dotted: str) -> Target:
     return _walk(root, segs, ())
 
 
-def set_in(doc: Any, path: Path, value: Any) -> Any:
+def set_in(doc: Any, path: KeyPath, value: Any) -> Any:
     """Copy of the raw document `doc` with `value` at `path`; missing or null maps on the way are created."""
     if not path:
         return copy.deepcopy(value)
@@ -134,7 +139,7 @@ def set_in(doc: Any, path: Path, value: Any) -> Any:
     return out
 
 
-def get_in(obj: Any, path: Path) -> Any:
+def get_in(obj: Any, path: KeyPath) -> Any:
     """Value at `path` in a model tree or raw document; raise KeyError if absent."""
     for seg in path:
         if isinstance(obj, BaseModel):

@@ -3,7 +3,7 @@
 Every field is unit-typed (`Rate`, `Time`, `Size`, `Fraction`) and documented with a description and an
 example; `schemas/plan.schema.json` is generated from these models. Only single-field rules live here
 (types, units, ranges, names); rules that relate fields (a flow longer than the run, an unknown role) are
-in `checks.py`, so they can name the exact field at fault.
+in `orchestrator.plan.checks`, so they can name the exact field at fault.
 """
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import BeforeValidator, StringConstraints
 
-from orchestrator.plan.conditions import AckPolicy, Analysis, Event
-from orchestrator.plan.fields import Strict, _f
-from orchestrator.plan.names import RoleName, VariantName
-from orchestrator.plan.qdiscs import (  # noqa: F401 - re-exported: the stage models are part of the template
+from orchestrator.plan.model.conditions import AckPolicy, Analysis, Event
+from orchestrator.plan.model.fields import Strict, _f
+from orchestrator.plan.model.names import RoleName, VariantName
+from orchestrator.plan.model.qdiscs import (  # noqa: F401 - re-exported: the stage models are part of the template
     BfifoQueue,
     HtbStage,
     NetemStage,
@@ -24,8 +24,8 @@ from orchestrator.plan.qdiscs import (  # noqa: F401 - re-exported: the stage mo
     Stage,
     TbfStage,
 )
-from orchestrator.plan.quantities import PositiveSize, PositiveTime, Rate, Size, Time
-from orchestrator.plan.traffic import Traffic
+from orchestrator.plan.model.quantities import PositiveSize, PositiveTime, Rate, Size, Time
+from orchestrator.plan.model.traffic import Traffic
 
 ModuleName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,55}$")]
 ParamKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z][A-Za-z0-9_]{0,63}$")]  # dctcp_chirp_L
@@ -89,8 +89,9 @@ class Bottleneck(Strict):
                                  le=10_000_000)
 
 
-class HostSettings(Strict):
-    """Host state for one role (or for every role, under the key `all`)."""
+class HostSection(Strict):
+    """The `hosts.<role>` section of a run template, as the plan writes it (units, the `all` key); the
+    expansion merges `all` with each role's own section into that role's `HostSpec`."""
 
     # added after plans had results: out of the run hash while at their default (see RunTemplate)
     HASH_SKIP_IF_DEFAULT: ClassVar[frozenset[str]] = frozenset({"coalesce", "pause", "static_neighbours"})
@@ -166,7 +167,7 @@ class RunTemplate(Strict):
         "queue": {"kind": "pfifo", "limit": 100}})
     traffic: Traffic = _f(..., "the TCP flows of the run", {
         "src": "server", "dst": "client", "cc": "cubic", "flows": 1})
-    hosts: dict[Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,31}$")], HostSettings] = _f(
+    hosts: dict[Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,31}$")], HostSection] = _f(
         {}, "host settings by role; the key `all` applies to every role (role settings win per key)",
         {"all": {"sysctls": {"net.ipv4.tcp_sack": 1}}})
     captures: list[Capture] | None = _f(

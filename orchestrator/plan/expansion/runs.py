@@ -1,7 +1,7 @@
-"""Plan expansion: `expand(plan) -> list[RunSpec]`, pure and deterministic.
+"""Plan expansion: `expand(plan) -> list[RunSpec]`, pure and deterministic, for a plan that passed the checks.
 
 Run ids are `<plan>-<experiment>[-<arm>]-<hash>-r<repetition>`, where the hash covers the whole
-resolved run (not only the varied values): an id then names one configuration for good, and editing
+instantiated run (not only the varied values): an id then names one configuration for good, and editing
 anything that changes a run gives it a new id, so the engine never mistakes an old result for a new run.
 """
 from __future__ import annotations
@@ -12,29 +12,28 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from orchestrator.plan.build import (
+from orchestrator.plan.expansion.build import (
     ack_policy_spec,
     analysis_spec,
     capture_points,
     event_specs,
     flow_specs,
-    host_plans,
+    host_specs,
     qdisc_stat_links,
     ss_interval_ms,
 )
-from orchestrator.plan.checks import all_assignments, param_name
-from orchestrator.plan.derive import derived_values
-from orchestrator.plan.errors import Marks, Path, PlanError, locate_all
-from orchestrator.plan.model import Plan
-from orchestrator.plan.paths import get_in
-from orchestrator.plan.quantities import Quantity
-from orchestrator.plan.runspec import RunSpec
-from orchestrator.plan.validate import Resolved, check_document
+from orchestrator.plan.expansion.derive import derived_values
+from orchestrator.plan.expansion.instantiate import CellRun, instantiate_all
+from orchestrator.plan.expansion.matrix import all_assignments, param_name
+from orchestrator.plan.expansion.runspec import RunSpec
+from orchestrator.plan.model.paths import KeyPath, get_in
+from orchestrator.plan.model.plan import Plan
+from orchestrator.plan.model.quantities import Quantity
 
 
-def varied_fields(plan: Plan) -> dict[str, Path]:
+def varied_fields(plan: Plan) -> dict[str, KeyPath]:
     """Every field path the plan varies anywhere (experiments, arms, matrices), in plan order."""
-    out: dict[str, Path] = {}
+    out: dict[str, KeyPath] = {}
     for a in all_assignments(plan):
         out.setdefault(a.dotted, a.path)
     return out
@@ -49,7 +48,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def run_params(plan: Plan, r: Resolved, varied: dict[str, Path]) -> dict[str, Any]:
+def run_params(plan: Plan, r: CellRun, varied: dict[str, KeyPath]) -> dict[str, Any]:
     """The values that define the run: every field the plan varies, with this run's value (as written,
     `rate: '20mbit'`, plus the number, `rate_bit`), so runs of different cells compare on the same keys."""
     params: dict[str, Any] = {}
@@ -74,14 +73,14 @@ def run_seed(plan: Plan, key: str, repetition: int) -> int:
     return int.from_bytes(hashlib.sha256(text).digest()[:6], "big")
 
 
-def _run_specs(plan: Plan, r: Resolved, varied: dict[str, Path]) -> list[RunSpec]:
+def _run_specs(plan: Plan, r: CellRun, varied: dict[str, KeyPath]) -> list[RunSpec]:
     t = r.run
     stats, interval = qdisc_stat_links(t)
     stem = "-".join([plan.name, r.cell.experiment] + ([r.cell.arm] if r.cell.arm else []) + [r.key])
     common: dict[str, Any] = dict(
         plan_name=plan.name, experiment=r.cell.experiment, tags=list(plan.tags), cell=r.cell.index,
         params=run_params(plan, r, varied),
-        derived=derived_values(t), duration_s=t.duration.seconds, hosts=host_plans(t, plan.roles, plan.kernels),
+        derived=derived_values(t), duration_s=t.duration.seconds, hosts=host_specs(t, plan.roles, plan.kernels),
         flows=flow_specs(t), captures=capture_points(t), qdisc_stats=stats, qdisc_stats_interval_ms=interval,
         tcp_probe=t.tcp_probe, ss_interval_ms=ss_interval_ms(t), ack_policy=ack_policy_spec(t), events=event_specs(t),
         analysis=analysis_spec(t), accept_guards=list(t.accept_guards))
@@ -105,9 +104,7 @@ def order_runs(plan: Plan, per_cell: list[list[RunSpec]], order: str | None = No
 
 
 def expand(plan: Plan, *, order: Literal["cells", "rounds", "random"] | None = None) -> list[RunSpec]:
-    """Every run of the plan, in the plan's run order (or `order`). Raises PlanError if the plan is invalid."""
-    checked = check_document(plan.model_dump(exclude_unset=True))
-    if checked.problems:
-        raise PlanError(locate_all(checked.problems, Marks({}, {}), f"<plan {plan.name}>"))
+    """Every run of a checked plan (from `load_plan`, `load_plan_text` or `check_plan`; it is not checked
+    again), in the plan's run order (or `order`)."""
     varied = varied_fields(plan)
-    return order_runs(plan, [_run_specs(plan, r, varied) for r in checked.runs], order)
+    return order_runs(plan, [_run_specs(plan, r, varied) for r in instantiate_all(plan)], order)

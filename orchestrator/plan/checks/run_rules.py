@@ -1,24 +1,26 @@
-"""Rules of one resolved run, each reported at the field a researcher has to change.
+"""Rules of one instantiated run, each reported at the field a researcher has to change.
 
 Roles, flows inside the run, ports, traffic tools, bursts, RED thresholds, netem sizing, kernel variants,
 ACK policy, events and intervals. All return `Problem`s; none raises.
 """
 from __future__ import annotations
 
-from orchestrator.plan.build import flow_plans, traffic_groups
-from orchestrator.plan.derive import LinkRefs, link_refs, red_bytes, red_times, wire_frame_bytes
-from orchestrator.plan.errors import Path, Problem
-from orchestrator.plan.qdiscs import BfifoQueue, HtbStage, MarkQueue, RedQueue
-from orchestrator.plan.template import ALL_HOSTS, RunTemplate
-from orchestrator.plan.units import format_rate, format_time_ns
+from orchestrator.plan.checks.errors import Problem
+from orchestrator.plan.expansion.build import template_flows, traffic_groups
+from orchestrator.plan.expansion.derive import LinkRefs, link_refs, red_bytes, red_times
+from orchestrator.plan.model.frames import wire_frame_bytes
+from orchestrator.plan.model.paths import KeyPath
+from orchestrator.plan.model.qdiscs import BfifoQueue, HtbStage, MarkQueue, RedQueue
+from orchestrator.plan.model.template import ALL_HOSTS, RunTemplate
+from orchestrator.plan.model.units import format_rate, format_time_ns
 
 
-def _role(roles: list[str], value: str, path: Path, out: list[Problem]) -> None:
+def _role(roles: list[str], value: str, path: KeyPath, out: list[Problem]) -> None:
     if value not in roles:
         out.append(Problem(path, f"unknown role {value!r} (roles: {', '.join(roles)})"))
 
 
-def _link(roles: list[str], host: str, toward: str, path: Path, out: list[Problem]) -> None:
+def _link(roles: list[str], host: str, toward: str, path: KeyPath, out: list[Problem]) -> None:
     _role(roles, host, path + ("host",), out)
     _role(roles, toward, path + ("toward",), out)
     if host == toward:
@@ -31,7 +33,7 @@ def _hosts(t: RunTemplate, roles: list[str], out: list[Problem]) -> None:
             out.append(Problem(("hosts", role), f"unknown role {role!r} (roles: {', '.join(roles)}, or "
                                f"{ALL_HOSTS!r})", at_key=True))
         for toward, stages in settings.qdiscs.items():
-            path: Path = ("hosts", role, "qdiscs", toward)
+            path: KeyPath = ("hosts", role, "qdiscs", toward)
             if role == ALL_HOSTS:
                 out.append(Problem(path, "qdisc chains belong to one interface; set them under a role",
                                    at_key=True))
@@ -73,7 +75,7 @@ def _flows(t: RunTemplate, roles: list[str], out: list[Problem]) -> None:
     run_ns = t.duration.value
     _groups(t, out)
     ports: dict[int, int] = {}
-    for f in flow_plans(t):
+    for f in template_flows(t):
         _role(roles, f.src, f.src_path, out)
         _role(roles, f.dst, f.dst_path, out)
         if f.src == f.dst:
@@ -93,7 +95,7 @@ def _flows(t: RunTemplate, roles: list[str], out: list[Problem]) -> None:
 
 
 def _red(q: RedQueue, refs: LinkRefs, out: list[Problem]) -> None:
-    path: Path = ("bottleneck", "queue")
+    path: KeyPath = ("bottleneck", "queue")
     rate = refs.rate_bit
     if q.mode in ("ramp", "inst") and q.max is None:
         out.append(Problem(path, f"a RED {q.mode} needs `max` (above `min`)"))
@@ -141,7 +143,7 @@ def _queue(t: RunTemplate, refs: LinkRefs, out: list[Problem]) -> None:
             out.append(Problem(path, str(exc)))
     elif isinstance(q, BfifoQueue):
         try:
-            q.limit.resolve(refs.rate_bit, refs.rtt_ns)
+            q.limit.in_bytes(refs.rate_bit, refs.rtt_ns)
         except ValueError as exc:
             out.append(Problem(path + ("limit",), str(exc)))
 
@@ -213,7 +215,7 @@ def _conditions(t: RunTemplate, roles: list[str], out: list[Problem]) -> None:
 
 
 def run_problems(t: RunTemplate, roles: list[str], kernels: set[str] | None = None) -> list[Problem]:
-    """Rules of one resolved run; paths are relative to the run document. `kernels`: the plan's variant
+    """Rules of one instantiated run; paths are relative to the run document. `kernels`: the plan's variant
     names (None skips that check, for the bare template)."""
     out: list[Problem] = []
     _kernels(t, kernels, out)

@@ -1,4 +1,5 @@
-"""From a resolved run template to the typed parts of a RunSpec: host plans, qdisc chains, flows, captures.
+"""From an instantiated run template to the typed parts of a RunSpec: host specs, qdisc chains, flows,
+captures.
 
 Pure functions. Plan units become kernel units here (`Rate` -> bit/s, `Size` -> bytes) and defaults are
 filled in (htb burst, per-flow ports and start times), so the engine and the agents never parse text.
@@ -7,28 +8,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.plan.derive import htb_burst_bytes, link_refs, netem_limit_packets, red_bytes
-from orchestrator.plan.errors import Path
-from orchestrator.plan.kernels import KernelVariant
-from orchestrator.plan.qdiscs import BfifoQueue, MarkQueue, RedQueue
-from orchestrator.plan.runspec import (
+from orchestrator.plan.expansion.derive import link_refs, netem_limit_packets, red_bytes
+from orchestrator.plan.expansion.runspec import (
     AckPolicySpec,
     AnalysisSpec,
     CapturePoint,
     EventSpec,
     FlowSpec,
-    HostPlan,
+    HostSpec,
     KernelRef,
     LinkRef,
 )
-from orchestrator.plan.template import ALL_HOSTS, HostSettings, RunTemplate
-from orchestrator.plan.traffic import FlowOverride, Traffic
+from orchestrator.plan.model.frames import htb_burst_bytes
+from orchestrator.plan.model.kernels import KernelVariant
+from orchestrator.plan.model.paths import KeyPath
+from orchestrator.plan.model.qdiscs import BfifoQueue, MarkQueue, RedQueue
+from orchestrator.plan.model.template import ALL_HOSTS, HostSection, RunTemplate
+from orchestrator.plan.model.traffic import FlowOverride, Traffic
 from schemas.hoststate import Bfifo, Htb, Netem, QdiscStage, Red
 
 
 @dataclass(frozen=True)
-class FlowPlan:
-    """One flow with every default resolved, plus the template paths its values came from."""
+class TemplateFlow:
+    """One flow of a run template: its group's values with the per-flow overrides and defaults applied (in
+    ns), plus the template paths its values came from (for the checks' messages); becomes a FlowSpec."""
 
     index: int                   # flow id within the run (groups number on from the main traffic)
     group: int                   # 0 = traffic, k = background[k - 1]
@@ -39,31 +42,31 @@ class FlowPlan:
     duration_ns: int | None      # None: until the run ends
     bytes: int | None
     port: int
-    start_path: Path
-    duration_path: Path
-    port_path: Path
-    src_path: Path
-    dst_path: Path
+    start_path: KeyPath
+    duration_path: KeyPath
+    port_path: KeyPath
+    src_path: KeyPath
+    dst_path: KeyPath
 
 
-def traffic_groups(t: RunTemplate) -> list[tuple[Path, Traffic]]:
+def traffic_groups(t: RunTemplate) -> list[tuple[KeyPath, Traffic]]:
     """The run's flow groups with their template paths: the main traffic first, then `background`."""
     return [(("traffic",), t.traffic)] + [(("background", k), g) for k, g in enumerate(t.background)]
 
 
-def group_flow_plans(tr: Traffic, gp: Path, group: int = 0, first_id: int = 0) -> list[FlowPlan]:
+def group_template_flows(tr: Traffic, gp: KeyPath, group: int = 0, first_id: int = 0) -> list[TemplateFlow]:
     """Flow i starts at start + i x stagger and listens on base_port + i unless `per_flow` says otherwise."""
     out = []
     for i in range(tr.flows):
         o = tr.per_flow.get(i, FlowOverride())
-        pf: Path = gp + ("per_flow", i)
+        pf: KeyPath = gp + ("per_flow", i)
 
-        def origin(name: str, own: object, default: Path, pf: Path = pf) -> Path:
+        def origin(name: str, own: object, default: KeyPath, pf: KeyPath = pf) -> KeyPath:
             return pf + (name,) if own is not None else default
 
         duration = o.duration if o.duration is not None else tr.duration
         size = o.bytes if o.bytes is not None else tr.bytes
-        out.append(FlowPlan(
+        out.append(TemplateFlow(
             index=first_id + i, group=group,
             cc=o.cc or tr.cc,
             src=o.src or tr.src,
@@ -81,10 +84,10 @@ def group_flow_plans(tr: Traffic, gp: Path, group: int = 0, first_id: int = 0) -
     return out
 
 
-def flow_plans(t: RunTemplate) -> list[FlowPlan]:
-    out: list[FlowPlan] = []
+def template_flows(t: RunTemplate) -> list[TemplateFlow]:
+    out: list[TemplateFlow] = []
     for k, (gp, tr) in enumerate(traffic_groups(t)):
-        out += group_flow_plans(tr, gp, k, len(out))
+        out += group_template_flows(tr, gp, k, len(out))
     return out
 
 
@@ -92,7 +95,7 @@ def flow_specs(t: RunTemplate) -> list[FlowSpec]:
     run_ns = t.duration.value
     groups = [g for _, g in traffic_groups(t)]
     out = []
-    for f in flow_plans(t):
+    for f in template_flows(t):
         g = groups[f.group]
         out.append(FlowSpec(
             flow_id=f.index, group=f.group, src=f.src, dst=f.dst, cc=f.cc, start_s=f.start_ns / 1e9,
@@ -122,23 +125,23 @@ def bottleneck_chain(t: RunTemplate) -> list[QdiscStage]:
     elif isinstance(b.queue, MarkQueue):
         chain.append(b.queue.state(mtu, refs.rtt_ns, refs.target_ns))
     elif isinstance(b.queue, BfifoQueue):
-        chain.append(Bfifo(limit_bytes=b.queue.limit.resolve(rate, refs.rtt_ns)))
+        chain.append(Bfifo(limit_bytes=b.queue.limit.in_bytes(rate, refs.rtt_ns)))
     else:
         chain.append(b.queue.state(mtu))
     return chain
 
 
-def merged_settings(hosts: dict[str, HostSettings], role: str) -> HostSettings:
+def merged_host_section(hosts: dict[str, HostSection], role: str) -> HostSection:
     """`all` merged with the role's own settings; the role wins key by key."""
-    base = hosts.get(ALL_HOSTS, HostSettings())
-    own = hosts.get(role, HostSettings())
+    base = hosts.get(ALL_HOSTS, HostSection())
+    own = hosts.get(role, HostSection())
     def pick(name: str):
         mine = getattr(own, name)
         return mine if mine is not None else getattr(base, name)
 
     modules = {m: {**base.module_params.get(m, {}), **own.module_params.get(m, {})}
                for m in {**base.module_params, **own.module_params}}
-    return HostSettings(sysctls={**base.sysctls, **own.sysctls}, offloads={**base.offloads, **own.offloads},
+    return HostSection(sysctls={**base.sysctls, **own.sysctls}, offloads={**base.offloads, **own.offloads},
                         coalesce={**base.coalesce, **own.coalesce}, pause={**base.pause, **own.pause},
                         flush_tcp_metrics=pick("flush_tcp_metrics"), static_neighbours=pick("static_neighbours"),
                         qdiscs={**base.qdiscs, **own.qdiscs}, kernel=own.kernel or base.kernel,
@@ -146,21 +149,21 @@ def merged_settings(hosts: dict[str, HostSettings], role: str) -> HostSettings:
 
 
 def kernel_ref(name: str | None, kernels: dict[str, KernelVariant]) -> KernelRef | None:
-    if name is None or name not in kernels:   # checks.py reports unknown names
+    if name is None or name not in kernels:   # checks/run_rules.py reports unknown names
         return None
     v = kernels[name]
     return KernelRef(name=name, vanilla=v.vanilla, release=v.expected_release, sha256=v.content_hash())
 
 
-def host_plans(t: RunTemplate, roles: list[str], kernels: dict[str, KernelVariant]) -> dict[str, HostPlan]:
+def host_specs(t: RunTemplate, roles: list[str], kernels: dict[str, KernelVariant]) -> dict[str, HostSpec]:
     mtu = t.mtu.value
     out = {}
     for role in roles:
-        s = merged_settings(t.hosts, role)
+        s = merged_host_section(t.hosts, role)
         chains = {toward: [st.state(mtu) for st in stages] for toward, stages in s.qdiscs.items()}
         if t.bottleneck is not None and t.bottleneck.at.host == role:
             chains[t.bottleneck.at.toward] = bottleneck_chain(t)
-        out[role] = HostPlan(kernel=kernel_ref(s.kernel, kernels), module_params=s.module_params,
+        out[role] = HostSpec(kernel=kernel_ref(s.kernel, kernels), module_params=s.module_params,
                              sysctls=dict(s.sysctls), offloads=dict(s.offloads), coalesce=dict(s.coalesce),
                              pause=dict(s.pause), qdiscs=chains,
                              flush_tcp_metrics=s.flush_tcp_metrics is not False,
@@ -181,13 +184,13 @@ def default_capture_points(t: RunTemplate) -> list[CapturePoint]:
     if t.bottleneck is None:
         return []
     host, toward = t.bottleneck.at.host, t.bottleneck.at.toward
-    others = sorted({end for f in flow_plans(t) if toward in (f.src, f.dst)
+    others = sorted({end for f in template_flows(t) if toward in (f.src, f.dst)
                      for end in (f.src, f.dst) if end not in (host, toward)})
     return [CapturePoint(link=LinkRef(host=host, toward=role)) for role in [toward, *others]]
 
 
 def qdisc_stat_links(t: RunTemplate) -> tuple[list[LinkRef], int]:
-    """Links to poll and the interval in whole milliseconds (checks.py refuses other intervals)."""
+    """Links to poll and the interval in whole milliseconds (checks/run_rules.py refuses other intervals)."""
     if t.qdisc_stats is None:
         return [], 10
     return ([LinkRef(host=ln.host, toward=ln.toward) for ln in t.qdisc_stats.links],
@@ -203,7 +206,7 @@ def ack_policy_spec(t: RunTemplate) -> AckPolicySpec | None:
     a = t.ack_policy
     if a is None:
         return None
-    hosts = a.hosts if a.hosts is not None else sorted({f.dst for f in flow_plans(t)})
+    hosts = a.hosts if a.hosts is not None else sorted({f.dst for f in template_flows(t)})
     return AckPolicySpec(mode=a.mode, mechanism=a.mechanism, segments_per_ack=a.segments_per_ack, hosts=hosts)
 
 

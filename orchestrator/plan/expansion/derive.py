@@ -3,35 +3,24 @@
 Pure arithmetic in kernel units (bit/s, ns, bytes). The formulas are those of docs/guards.md: htb burst
 (G-HTB), BDP, per-flow window in segments (G-FLOOR), queue capacity in time at the bottleneck,
 RED thresholds from time to bytes (G-RED), the step threshold K with its 2 MTU floor and the netem
-limit (G-NETEM). Thresholds written relative to the BDP or the target queue are resolved per run here.
+limit (G-NETEM). Thresholds written relative to the BDP or the target queue are converted per run here.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.plan.qdiscs import BfifoQueue, CakeQueue, MarkQueue, Queue, RedQueue
-from orchestrator.plan.template import Bottleneck, RunTemplate
+from orchestrator.plan.expansion.runspec import Derived
+from orchestrator.plan.model.frames import NS_PER_S, htb_burst_bytes, wire_frame_bytes
+from orchestrator.plan.model.qdiscs import BfifoQueue, CakeQueue, MarkQueue, Queue, RedQueue
+from orchestrator.plan.model.template import Bottleneck, RunTemplate
 from schemas.qdiscs import KINDS
 
-ETH_HEADER = 14     # bytes htb and tc count per packet on top of the IP packet (no FCS, no preamble)
 FRAME_OVERHEAD = 18  # Ethernet header + FCS: the frame of the window maths (docs/guards.md#g-floor)
-NS_PER_S = 10**9
-HTB_BURST_TIME_NS = 10**6  # G-HTB: start at >= rate x 1 ms of burst
 
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def wire_frame_bytes(mtu: int) -> int:
-    """Bytes a full-size packet occupies in the qdisc's accounting (IP packet + Ethernet header)."""
-    return mtu + ETH_HEADER
-
-
-def htb_burst_bytes(rate_bit: int, mtu: int, burst_time_ns: int = HTB_BURST_TIME_NS) -> int:
-    """htb burst: rate x 1 ms / 8, but never below one full frame (tc's own default is about one MTU)."""
-    return max(_ceil_div(rate_bit * burst_time_ns, 8 * NS_PER_S), wire_frame_bytes(mtu))
 
 
 def bdp_bytes(rate_bit: int, rtt_ns: int) -> int:
@@ -88,7 +77,7 @@ def aqm_target_ns(queue: Queue, rtt_ns: int | None) -> int | None:
     """The queue delay an AQM aims for when the plan gives no `target`: its lower threshold or target
     (None when that threshold is itself relative to the target)."""
     if isinstance(queue, (RedQueue, MarkQueue)):
-        return None if queue.min.value[0] == "target" else queue.min.resolve(rtt_ns, None)
+        return None if queue.min.value[0] == "target" else queue.min.in_ns(rtt_ns, None)
     for name in ("target", "step_thresh", "ce_threshold"):
         value = getattr(queue, name, None)
         if value is not None:
@@ -107,15 +96,15 @@ def link_refs(t: RunTemplate) -> LinkRefs | None:
 
 def red_times(q: RedQueue, refs: LinkRefs) -> tuple[int, int | None]:
     """RED thresholds of one run in ns (raises ValueError when a relative one has no reference)."""
-    return (q.min.resolve(refs.rtt_ns, refs.target_ns),
-            q.max.resolve(refs.rtt_ns, refs.target_ns) if q.max is not None else None)
+    return (q.min.in_ns(refs.rtt_ns, refs.target_ns),
+            q.max.in_ns(refs.rtt_ns, refs.target_ns) if q.max is not None else None)
 
 
 def red_bytes(q: RedQueue, refs: LinkRefs) -> RedBytes:
     """Thresholds in bytes (docs/guards.md#g-red). Step: K = max(rate x t, 2 MTU), max = K + 1."""
     rate, mtu = refs.rate_bit, refs.mtu
     lo_ns, hi_ns = red_times(q, refs)
-    limit = q.limit.resolve(rate, refs.rtt_ns)
+    limit = q.limit.in_bytes(rate, refs.rtt_ns)
     if q.mode == "step":
         k = step_k_bytes(rate, lo_ns, mtu)
         avpkt = q.avpkt.value if q.avpkt else mtu
@@ -127,7 +116,7 @@ def red_bytes(q: RedQueue, refs: LinkRefs) -> RedBytes:
     hi = bytes_at_rate(rate, hi_ns) if hi_ns is not None else lo + 1
     if q.mode == "inst":   # a ramp on the instantaneous queue: the smallest burst, as for the step
         avpkt = q.avpkt.value if q.avpkt else mtu
-        p = q.probability.value if q.probability is not None else 1.0   # run_checks requires it stated
+        p = q.probability.value if q.probability is not None else 1.0   # run_rules requires it stated
         return RedBytes(lo, hi, limit, avpkt, q.burst or lo // avpkt + 1, p)
     avpkt = q.avpkt.value if q.avpkt else 1000
     burst = q.burst or max(1, _ceil_div(2 * lo + hi, 3 * avpkt))   # Floyd / tc-red rule of thumb
@@ -144,7 +133,7 @@ def queue_capacity_bytes(queue: Queue, refs: LinkRefs) -> int | None:
     """Largest backlog the leaf can hold (None when only memory bounds it, as for CAKE); a packet-limited
     queue is counted in full frames."""
     if isinstance(queue, (BfifoQueue, RedQueue)):   # a `Buffer`: bytes, time at the rate, or BDPs
-        return queue.limit.resolve(refs.rate_bit, refs.rtt_ns)
+        return queue.limit.in_bytes(refs.rate_bit, refs.rtt_ns)
     if isinstance(queue, CakeQueue):
         return None
     limit = getattr(queue, "limit", None)
@@ -163,7 +152,7 @@ def netem_limit_packets(b: Bottleneck, refs: LinkRefs) -> int | None:
         return None
     if b.netem_limit is not None:
         return b.netem_limit
-    line = b.line_rate.value if b.line_rate else b.rate.value   # run_checks requires line_rate here
+    line = b.line_rate.value if b.line_rate else b.rate.value   # run_rules requires line_rate here
     capacity = queue_capacity_bytes(b.queue, refs)
     child = _ceil_div(capacity, refs.mtu) if capacity is not None else 0
     return netem_limit_rule(line, b.delay.value, refs.mtu, child)
@@ -193,8 +182,12 @@ def tcp_flow_count(t: RunTemplate) -> int:
     return sum(g.flows for g in [t.traffic, *t.background] if g.tool != "udp")
 
 
-def derived_values(t: RunTemplate) -> dict[str, Any]:
-    """Derived values of a resolved run template (keys carry their unit)."""
+def derived_values(t: RunTemplate) -> Derived:
+    """Derived values of an instantiated run template."""
+    return Derived(**_derived_dict(t))
+
+
+def _derived_dict(t: RunTemplate) -> dict[str, Any]:
     mtu = t.mtu.value
     out: dict[str, Any] = {"wire_frame_bytes": wire_frame_bytes(mtu)}
     b, refs = t.bottleneck, link_refs(t)
@@ -222,7 +215,7 @@ def derived_values(t: RunTemplate) -> dict[str, Any]:
             out["marking_queue_bytes"] = out["red_max_bytes"]
     elif isinstance(b.queue, MarkQueue):
         top = b.queue.max if b.queue.max is not None else b.queue.min
-        out["marking_queue_bytes"] = step_k_bytes(rate, top.resolve(rtt, refs.target_ns), mtu)
+        out["marking_queue_bytes"] = step_k_bytes(rate, top.in_ns(rtt, refs.target_ns), mtu)
         if b.queue.mode == "step":
             out["step_k_bytes"] = out["marking_queue_bytes"]
     target = refs.target_ns or 0

@@ -12,8 +12,8 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
-from orchestrator.plan.fields import Strict, _f
-from orchestrator.plan.quantities import (
+from orchestrator.plan.model.fields import Strict, _f
+from orchestrator.plan.model.quantities import (
     Fraction,
     PositiveBuffer,
     PositiveSize,
@@ -46,8 +46,8 @@ class BfifoQueue(Strict):
     limit: PositiveBuffer = _f(..., "queue limit: bytes, or (as the bottleneck queue) a time at the "
                                "bottleneck rate or a multiple of the BDP", "1bdp")
 
-    def state(self, mtu: int) -> kinds.QdiscStage:  # noqa: ARG002 - run_checks allows only bytes off the bottleneck
-        return kinds.Bfifo(limit_bytes=self.limit.resolve(None, None))
+    def state(self, mtu: int) -> kinds.QdiscStage:  # noqa: ARG002 - run_rules allows only bytes off the bottleneck
+        return kinds.Bfifo(limit_bytes=self.limit.in_bytes(None, None))
 
 
 class HtbStage(Strict):
@@ -59,7 +59,7 @@ class HtbStage(Strict):
     quantum: PositiveSize | None = _f(None, "class quantum (default: tc's, rate / r2q)", "1514B")
 
     def state(self, mtu: int) -> kinds.QdiscStage:
-        from orchestrator.plan.derive import htb_burst_bytes  # derive imports this module
+        from orchestrator.plan.model.frames import htb_burst_bytes
         burst = self.burst.value if self.burst else htb_burst_bytes(self.rate.value, mtu)
         return kinds.Htb(rate_bit=self.rate.value, ceil_bit=(self.ceil or self.rate).value, burst_bytes=burst,
                       cburst_bytes=self.cburst.value if self.cburst else burst, quantum_bytes=_bytes(self.quantum))
@@ -240,8 +240,8 @@ class MarkQueue(Strict):
     limit: int = _f(10000, "packet limit", 10000, unit="packets", gt=0)
 
     def state(self, mtu: int, rtt_ns: int | None = None, target_ns: int | None = None) -> kinds.QdiscStage:  # noqa: ARG002
-        return kinds.Mark(mode=self.mode, min_ns=self.min.resolve(rtt_ns, target_ns),
-                       max_ns=self.max.resolve(rtt_ns, target_ns) if self.max else None, metric=self.metric,
+        return kinds.Mark(mode=self.mode, min_ns=self.min.in_ns(rtt_ns, target_ns),
+                       max_ns=self.max.in_ns(rtt_ns, target_ns) if self.max else None, metric=self.metric,
                        on_dequeue=self.on_dequeue, limit_packets=self.limit)
 
 

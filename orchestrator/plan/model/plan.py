@@ -10,9 +10,9 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, JsonValue, StringConstraints
 
-from orchestrator.plan.kernels import KernelVariant
-from orchestrator.plan.names import VariantName
-from orchestrator.plan.template import RoleName, RunTemplate, Strict, _f
+from orchestrator.plan.model.kernels import KernelVariant
+from orchestrator.plan.model.names import VariantName
+from orchestrator.plan.model.template import RoleName, RunTemplate, Strict, _f
 
 PlanName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.][A-Za-z0-9_.-]{0,31}$")]
 ItemName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.][A-Za-z0-9_.-]{0,23}$")]

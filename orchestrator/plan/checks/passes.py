@@ -1,10 +1,10 @@
 """The validation passes over a plan document, collecting every problem before giving up.
 
 1. the plan model (structure, types, units of the template);  2. every varied value against the field
-it sets (runs even if pass 1 failed elsewhere);  3. plan-wide rules;  4. every cell resolved into a run
-template and checked as a run. Problems found in a resolved run are mapped back to where the offending
-value was written (the axis value, the experiment's `set`, or the template), and a problem shared by
-many cells is reported once with a count.
+it sets (runs even if pass 1 failed elsewhere);  3. plan-wide rules;  4. every cell instantiated into a
+run template (as the expansion does it) and checked as a run. Problems found in an instantiated run are
+mapped back to where the offending value was written (the axis value, the experiment's `set`, or the
+template), and a problem shared by many cells is reported once with a count.
 """
 from __future__ import annotations
 
@@ -14,28 +14,22 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from orchestrator.plan.canon import digest
-from orchestrator.plan.checks import assignment_problems, plan_problems
-from orchestrator.plan.diagnose import problems_from
-from orchestrator.plan.errors import Path, Problem
-from orchestrator.plan.matrix import Cell, iter_cells
-from orchestrator.plan.model import Plan
-from orchestrator.plan.paths import PathError, set_in
-from orchestrator.plan.run_checks import run_problems
-from orchestrator.plan.template import RunTemplate
-
-
-@dataclass(frozen=True)
-class Resolved:
-    cell: Cell
-    run: RunTemplate
-    key: str            # short hash of the resolved run (with experiment, arm and roles)
+from orchestrator.plan.checks.diagnose import problems_from
+from orchestrator.plan.checks.errors import Problem
+from orchestrator.plan.checks.plan_rules import assignment_problems, plan_problems
+from orchestrator.plan.checks.run_rules import run_problems
+from orchestrator.plan.expansion.instantiate import CellValueError, run_key, template_document
+from orchestrator.plan.expansion.matrix import Cell, iter_cells
+from orchestrator.plan.model.paths import KeyPath
+from orchestrator.plan.model.plan import Plan
+from orchestrator.plan.model.template import RunTemplate
 
 
 @dataclass
 class Checked:
+    """The outcome of the passes: the typed plan (None when the document is not a plan) and every problem."""
+
     plan: Plan | None
-    runs: list[Resolved] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
 
 
@@ -45,8 +39,8 @@ def describe(cell: Cell) -> str:
     return ", ".join(parts)
 
 
-def _to_plan(path: Path, cell: Cell) -> Path:
-    """Where in the plan document a path of the resolved run was written."""
+def _to_plan(path: KeyPath, cell: Cell) -> KeyPath:
+    """Where in the plan document a path of the instantiated run was written."""
     best = None
     for a in cell.assignments:
         if path[:len(a.path)] == a.path and (best is None or len(a.path) >= len(best.path)):
@@ -54,14 +48,13 @@ def _to_plan(path: Path, cell: Cell) -> Path:
     return best.origin + path[len(best.path):] if best else ("run",) + path
 
 
-def resolve_cell(plan: Plan, template_doc: Any, cell: Cell) -> tuple[RunTemplate | None, list[Problem]]:
-    """The run template of one cell, or the problems (in plan-document paths) that prevent it."""
-    doc = template_doc
-    for a in cell.assignments:
-        try:
-            doc = set_in(doc, a.path, a.value)
-        except PathError as exc:
-            return None, [Problem(a.origin, str(exc))]
+def check_cell(plan: Plan, template_doc: Any, cell: Cell) -> tuple[RunTemplate | None, list[Problem]]:
+    """The run template of one cell, or the problems (in plan-document paths) that prevent it, plus the
+    problems of the run it makes."""
+    try:
+        doc = template_document(cell, template_doc)
+    except CellValueError as exc:
+        return None, [Problem(exc.assignment.origin, str(exc))]
     try:
         run = RunTemplate.model_validate(doc)
     except ValidationError as exc:
@@ -71,32 +64,31 @@ def resolve_cell(plan: Plan, template_doc: Any, cell: Cell) -> tuple[RunTemplate
                  for p in run_problems(run, plan.roles, set(plan.kernels))]
 
 
-def resolve_runs(plan: Plan, template_doc: Any) -> tuple[list[Resolved], list[Problem]]:
-    """Every cell resolved; problems shared by several cells are merged into one with a count."""
-    runs: list[Resolved] = []
+def check_cells(plan: Plan, template_doc: Any) -> list[Problem]:
+    """The problems of every cell's run; problems shared by several cells are merged into one with a count,
+    and two cells that give the same run are a problem too."""
     found: dict[Problem, list[Cell]] = defaultdict(list)
     seen: dict[str, Cell] = {}
     cells = list(iter_cells(plan))
     for cell in cells:
-        run, problems = resolve_cell(plan, template_doc, cell)
+        run, problems = check_cell(plan, template_doc, cell)
         for p in problems:
             found[p].append(cell)
         if run is None:
             continue
-        key = digest({"experiment": cell.experiment, "arm": cell.arm, "roles": plan.roles, "run": run})
+        key = run_key(plan, cell, run)
         if key in seen:
             origin = cell.assignments[-1].origin if cell.assignments else ("matrix",)
             found[Problem(origin, f"gives the same run as another cell ({describe(seen[key])})")].append(cell)
             continue
         seen[key] = cell
-        runs.append(Resolved(cell, run, key))
     out = []
     for p, where in found.items():
         if len(cells) > 1 and len(where) < len(cells):
             extra = f" (in {len(where)} of {len(cells)} cells, e.g. {describe(where[0])})"
             p = Problem(p.path, p.message + extra, p.at_key)
         out.append(p)
-    return runs, out
+    return out
 
 
 def _template_problems(doc: Any) -> list[Problem]:
@@ -123,9 +115,8 @@ def check_document(doc: Any) -> Checked:
         problems += problems_from(exc, doc, Plan)
     problems += assignment_problems(doc)
     if plan is None or problems:
-        return Checked(plan, [], problems + _template_problems(doc))
+        return Checked(plan, problems + _template_problems(doc))
     problems = plan_problems(plan)
     if problems:
-        return Checked(plan, [], problems)
-    runs, problems = resolve_runs(plan, doc["run"])
-    return Checked(plan, runs, problems)
+        return Checked(plan, problems)
+    return Checked(plan, check_cells(plan, doc["run"]))

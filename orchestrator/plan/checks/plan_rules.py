@@ -1,9 +1,9 @@
 """Rules that relate fields to each other, each reported at the field a researcher has to change.
 
-Three groups: `assignment_problems` (every varied value names a real field and fits its type; works on
-the raw document so it runs even when other parts of the plan are broken), `plan_problems` (names,
-arms, matrix shape, conflicting assignments) and `run_problems` (one resolved run: roles, flows
-inside the run, ports, bursts, intervals). All return `Problem`s; none raises.
+Two groups: `assignment_problems` (every varied value names a real field and fits its type; works on
+the raw document so it runs even when other parts of the plan are broken) and `plan_problems` (names,
+arms, matrix shape, conflicting assignments). The rules of one instantiated run are in `run_rules.py`.
+All return `Problem`s; none raises.
 """
 from __future__ import annotations
 
@@ -13,19 +13,29 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from orchestrator.plan.diagnose import problems_from
-from orchestrator.plan.errors import Path, Problem, format_path
-from orchestrator.plan.matrix import MAX_RUNS, Assignment, adapter, count_runs, target, value_key, views
-from orchestrator.plan.model import Plan
-from orchestrator.plan.paths import PathError
-from orchestrator.plan.template import ALL_HOSTS
+from orchestrator.plan.checks.diagnose import problems_from
+from orchestrator.plan.checks.errors import Problem, format_path
+from orchestrator.plan.expansion.matrix import (
+    MAX_RUNS,
+    Assignment,
+    adapter,
+    all_assignments,
+    count_runs,
+    param_name,
+    target,
+    value_key,
+    views,
+)
+from orchestrator.plan.model.paths import KeyPath, PathError
+from orchestrator.plan.model.plan import Plan
+from orchestrator.plan.model.template import ALL_HOSTS
 
 RESERVED_PARAMS = frozenset({"arm", "experiment", "repetition"})
 
 
 # ------------------------------------------------------------------ assignments (raw document)
 
-def _items(section: Any, key_origin: Path, indexed: bool) -> Iterator[tuple[str, Any, Path, Path]]:
+def _items(section: Any, key_origin: KeyPath, indexed: bool) -> Iterator[tuple[str, Any, KeyPath, KeyPath]]:
     """(dotted, value, value path, key path) of a `set`-like mapping or an `axes`-like mapping of lists."""
     if not isinstance(section, dict):
         return
@@ -40,7 +50,7 @@ def _items(section: Any, key_origin: Path, indexed: bool) -> Iterator[tuple[str,
             yield dotted, value, key_path, key_path
 
 
-def _matrix_items(m: Any, origin: Path) -> Iterator[tuple[str, Any, Path, Path]]:
+def _matrix_items(m: Any, origin: KeyPath) -> Iterator[tuple[str, Any, KeyPath, KeyPath]]:
     if not isinstance(m, dict):
         return
     yield from _items(m.get("axes"), origin + ("axes",), True)
@@ -51,7 +61,7 @@ def _matrix_items(m: Any, origin: Path) -> Iterator[tuple[str, Any, Path, Path]]
             yield from _items(entry, origin + (name, n), False)
 
 
-def _assignment_items(doc: Any) -> Iterator[tuple[str, Any, Path, Path]]:
+def _assignment_items(doc: Any) -> Iterator[tuple[str, Any, KeyPath, KeyPath]]:
     if not isinstance(doc, dict):
         return
     yield from _matrix_items(doc.get("matrix"), ("matrix",))
@@ -67,7 +77,7 @@ def _assignment_items(doc: Any) -> Iterator[tuple[str, Any, Path, Path]]:
 def assignment_problems(doc: Any) -> list[Problem]:
     """Every varied value must name a field of the run template and be a valid value for it."""
     out: list[Problem] = []
-    bad_keys: set[Path] = set()
+    bad_keys: set[KeyPath] = set()
     names = doc.get("param_names") if isinstance(doc, dict) else None
     for dotted in names if isinstance(names, dict) else {}:
         if isinstance(dotted, str):
@@ -95,7 +105,7 @@ def assignment_problems(doc: Any) -> list[Problem]:
 
 # ------------------------------------------------------------------ plan-level rules (typed plan)
 
-def _duplicates(names: list[str], prefix: Path, what: str) -> list[Problem]:
+def _duplicates(names: list[str], prefix: KeyPath, what: str) -> list[Problem]:
     first: dict[str, int] = {}
     out = []
     for i, name in enumerate(names):
@@ -106,7 +116,7 @@ def _duplicates(names: list[str], prefix: Path, what: str) -> list[Problem]:
     return out
 
 
-def _repeated(keys: list[str], path: Path) -> list[Problem]:
+def _repeated(keys: list[str], path: KeyPath) -> list[Problem]:
     """A value listed twice on one axis would run the same cell twice."""
     first: dict[str, int] = {}
     out = []
@@ -119,13 +129,13 @@ def _repeated(keys: list[str], path: Path) -> list[Problem]:
 
 def _matrix_shape(plan: Plan) -> list[Problem]:
     out: list[Problem] = []
-    seen_origins: set[Path] = set()
+    seen_origins: set[KeyPath] = set()
     for view in views(plan):
         m, origin = view.matrix, view.matrix_origin
         if origin in seen_origins:
             continue
         seen_origins.add(origin)
-        varied: dict[Path, Path] = {}
+        varied: dict[KeyPath, KeyPath] = {}
         for d, values in m.axes.items():
             varied.setdefault(target(d).path, origin + ("axes", d))
             out += _repeated([value_key(Assignment(d, (), v, ())) for v in values], origin + ("axes", d))
@@ -161,7 +171,7 @@ def _conflicts(plan: Plan) -> list[Problem]:
     out: list[Problem] = []
     for view in views(plan):
         m = view.matrix
-        matrix_paths: dict[Path, Path] = {}
+        matrix_paths: dict[KeyPath, KeyPath] = {}
         for d in m.axes:
             matrix_paths.setdefault(target(d).path, view.matrix_origin + ("axes", d))
         for g, group in enumerate(m.zip):
@@ -181,26 +191,8 @@ def _conflicts(plan: Plan) -> list[Problem]:
     return out
 
 
-def all_assignments(plan: Plan) -> Iterator[Assignment]:
-    for view in views(plan):
-        yield from view.sets
-        m, o = view.matrix, view.matrix_origin
-        yield from (Assignment(d, target(d).path, None, o + ("axes", d)) for d in m.axes)
-        yield from (Assignment(d, target(d).path, None, o + ("zip", g, d))
-                    for g, group in enumerate(m.zip) for d in group)
-        yield from (Assignment(d, target(d).path, None, o + ("include", n, d))
-                    for n, entry in enumerate(m.include) for d in entry)
-    yield from (Assignment(d, target(d).path, None, ("arms", j, "set", d))
-                for j, arm in enumerate(plan.arms) for d in arm.set)
-
-
-def param_name(plan: Plan, dotted: str) -> str:
-    """Name of a varied field in the run params: `param_names` or the last path segment."""
-    return plan.param_names.get(dotted, dotted.rsplit(".", 1)[-1])
-
-
 def _param_names(plan: Plan) -> list[Problem]:
-    paths_by_name: dict[str, dict[Path, Assignment]] = defaultdict(dict)
+    paths_by_name: dict[str, dict[KeyPath, Assignment]] = defaultdict(dict)
     for a in all_assignments(plan):
         paths_by_name[param_name(plan, a.dotted)].setdefault(a.path, a)
     out = []
@@ -218,7 +210,7 @@ def _param_names(plan: Plan) -> list[Problem]:
 
 
 def plan_problems(plan: Plan) -> list[Problem]:
-    """Plan-wide rules. Assumes assignment_problems found nothing (every path resolves)."""
+    """Plan-wide rules. Assumes assignment_problems found nothing (every dotted path names a field)."""
     out = _duplicates([e.name for e in plan.experiments], ("experiments",), "experiment")
     out += _duplicates([a.name for a in plan.arms], ("arms",), "arm")
     if len(set(plan.roles)) != len(plan.roles) or ALL_HOSTS in plan.roles:

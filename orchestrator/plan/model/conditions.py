@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from orchestrator.plan.fields import Strict, _f
-from orchestrator.plan.names import RoleName
-from orchestrator.plan.quantities import PositiveTime, Time
+from orchestrator.plan.model.fields import Strict, _f
+from orchestrator.plan.model.names import RoleName
+from orchestrator.plan.model.quantities import PositiveTime, Time
 
 
 class AckPolicy(Strict):

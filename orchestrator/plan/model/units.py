@@ -140,7 +140,7 @@ def parse_fraction(text: object) -> float:
 
 
 # Study thresholds and buffers are often relative: "K = 0.17 x BDP", "buffer = 1 x BDP", ramp max = 3 x the
-# target queue. These units keep such a plan faithful to the study; expansion resolves them per cell.
+# target queue. These units keep such a plan faithful to the study; expansion converts them per run.
 RELATIVE_UNITS = ("bdp", "target")
 THRESHOLD_PATTERN = r"^\s*([0-9]+(\.[0-9]*)?|\.[0-9]+)\s*(ns|us|µs|μs|ms|s|bdp|target)\s*$"
 BUFFER_PATTERN = (r"^\s*([0-9]+(\.[0-9]*)?|\.[0-9]+)\s*(ns|us|µs|μs|ms|s|bdp|(([KkMmGg][iI]?)?B))?\s*$")

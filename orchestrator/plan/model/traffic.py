@@ -9,9 +9,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from orchestrator.plan.fields import Strict, _f
-from orchestrator.plan.names import CcName, RoleName
-from orchestrator.plan.quantities import PositiveSize, PositiveTime, Rate, Time
+from orchestrator.plan.model.fields import Strict, _f
+from orchestrator.plan.model.names import CcName, RoleName
+from orchestrator.plan.model.quantities import PositiveSize, PositiveTime, Rate, Time
 
 Tool = Literal["iperf3", "udp", "app_limited"]
 

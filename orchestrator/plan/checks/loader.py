@@ -1,16 +1,17 @@
 """Load a plan file: read YAML with positions, run every validation pass, raise one PlanError with all issues.
 
-This is the only module of the plan package that touches the filesystem.
+This is where a plan is checked, once: `load_plan` / `load_plan_text` for plan files, `check_plan` for a
+plan built in Python. The only module of the plan package that touches the filesystem.
 """
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
 
-from orchestrator.plan.errors import Issue, PlanError, locate_all
-from orchestrator.plan.model import Plan
-from orchestrator.plan.validate import check_document
-from orchestrator.plan.yamlpos import read_yaml
+from orchestrator.plan.checks.errors import Issue, Marks, PlanError, locate_all
+from orchestrator.plan.checks.passes import check_document
+from orchestrator.plan.checks.yamlpos import read_yaml
+from orchestrator.plan.model.plan import Plan
 
 MAX_PLAN_BYTES = 4 * 2**20
 
@@ -21,6 +22,15 @@ def load_plan_text(text: str, file: str = "<plan>") -> Plan:
     checked = check_document(doc)
     if checked.problems or checked.plan is None:
         raise PlanError(locate_all(checked.problems, marks, file))
+    return checked.plan
+
+
+def check_plan(plan: Plan) -> Plan:
+    """Check a plan built in Python (`Plan.model_validate(...)`) as `load_plan` checks a file; raise
+    PlanError (located at `<plan NAME>`, there is no text to point into) or return the checked plan."""
+    checked = check_document(plan.model_dump(exclude_unset=True))
+    if checked.problems or checked.plan is None:
+        raise PlanError(locate_all(checked.problems, Marks({}, {}), f"<plan {plan.name}>"))
     return checked.plan
 
 

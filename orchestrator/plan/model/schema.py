@@ -1,6 +1,6 @@
 """The plan JSON Schema, generated from the pydantic plan model (the single source).
 
-`python -m orchestrator.plan.schema` writes `schemas/plan.schema.json`; a unit test fails if the file
+`python -m orchestrator.plan.model.schema` writes `schemas/plan.schema.json`; a unit test fails if the file
 and the model drift apart. Every field carries a description and an example, and quantities their unit.
 """
 from __future__ import annotations
@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from orchestrator.plan.model import Plan
+from orchestrator.plan.model.plan import Plan
 
-SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "plan.schema.json"
+SCHEMA_PATH = Path(__file__).resolve().parents[3] / "schemas" / "plan.schema.json"
 SCHEMA_ID = "https://tcplab.invalid/schemas/plan.schema.json"
 
 

@@ -15,11 +15,10 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from orchestrator.plan.canon import canonical_json
-from orchestrator.plan.errors import Path
-from orchestrator.plan.model import DEFAULT_EXPERIMENT, Arm, Matrix, Plan
-from orchestrator.plan.paths import Target, resolve
-from orchestrator.plan.template import RunTemplate
+from orchestrator.plan.expansion.canon import canonical_json
+from orchestrator.plan.model.paths import KeyPath, Target, parse_field_path
+from orchestrator.plan.model.plan import DEFAULT_EXPERIMENT, Arm, Matrix, Plan
+from orchestrator.plan.model.template import RunTemplate
 
 MAX_RUNS = 20_000   # a typo in a matrix (an axis of 1000 values) should fail fast, not expand for minutes
 
@@ -27,9 +26,9 @@ MAX_RUNS = 20_000   # a typo in a matrix (an axis of 1000 values) should fail fa
 @dataclass(frozen=True)
 class Assignment:
     dotted: str          # the path as written
-    path: Path           # canonical path into the run template
+    path: KeyPath           # canonical path into the run template
     value: Any           # the value as written (JSON-able)
-    origin: Path         # where the value sits in the plan document
+    origin: KeyPath         # where the value sits in the plan document
 
 
 @dataclass(frozen=True)
@@ -37,10 +36,10 @@ class View:
     """One experiment as the matrix sees it."""
 
     name: str
-    origin: Path                                   # plan path of the experiment (() for the implicit one)
+    origin: KeyPath                                   # plan path of the experiment (() for the implicit one)
     sets: tuple[Assignment, ...]
     matrix: Matrix
-    matrix_origin: Path
+    matrix_origin: KeyPath
     arms: tuple[tuple[int, Arm], ...]              # (index in plan.arms, arm)
     repetitions: int
 
@@ -57,7 +56,7 @@ class Cell:
 @lru_cache(maxsize=4096)
 def target(dotted: str) -> Target:
     """Resolve a dotted path against the run template (cached; raises PathError)."""
-    return resolve(RunTemplate, dotted)
+    return parse_field_path(RunTemplate, dotted)
 
 
 @lru_cache(maxsize=4096)
@@ -66,7 +65,7 @@ def adapter(dotted: str) -> TypeAdapter[Any] | None:
     return None if annotation is None else TypeAdapter(annotation)
 
 
-def assign(dotted: str, value: Any, origin: Path) -> Assignment:
+def assign(dotted: str, value: Any, origin: KeyPath) -> Assignment:
     return Assignment(dotted, target(dotted).path, value, origin)
 
 
@@ -91,7 +90,7 @@ def views(plan: Plan) -> list[View]:
         return [View(DEFAULT_EXPERIMENT, (), (), plan.matrix, ("matrix",), arm_list(None), plan.repetitions)]
     out = []
     for i, exp in enumerate(plan.experiments):
-        origin: Path = ("experiments", i)
+        origin: KeyPath = ("experiments", i)
         sets = tuple(assign(d, v, origin + ("set", d)) for d, v in exp.set.items())
         matrix, m_origin = ((exp.matrix, origin + ("matrix",)) if exp.matrix is not None
                             else (plan.matrix, ("matrix",)))
@@ -100,7 +99,7 @@ def views(plan: Plan) -> list[View]:
     return out
 
 
-def _groups(matrix: Matrix, origin: Path) -> list[list[tuple[Assignment, ...]]]:
+def _groups(matrix: Matrix, origin: KeyPath) -> list[list[tuple[Assignment, ...]]]:
     groups = [[(assign(d, v, origin + ("axes", d, k)),) for k, v in enumerate(values)]
               for d, values in matrix.axes.items()]
     for g, group in enumerate(matrix.zip):
@@ -119,7 +118,7 @@ def _matches(entry: dict[str, Any], cell: tuple[Assignment, ...]) -> bool:
     return True
 
 
-def matrix_cells(matrix: Matrix, origin: Path) -> list[tuple[Assignment, ...]]:
+def matrix_cells(matrix: Matrix, origin: KeyPath) -> list[tuple[Assignment, ...]]:
     """Product of axes and zip groups, minus excluded cells, plus included ones; duplicates dropped."""
     groups = _groups(matrix, origin)
     if groups:
@@ -163,3 +162,23 @@ def iter_cells(plan: Plan) -> Iterator[Cell]:
             for k, cell in enumerate(cells):
                 yield Cell(view.name, arm_entry[1].name if arm_entry else None,
                            view.sets + arm_sets + cell, view.repetitions, k)
+
+
+def all_assignments(plan: Plan) -> Iterator[Assignment]:
+    """Every field the plan assigns (experiment sets, matrix axes, zip groups and includes, arms), each with
+    where it is written; only experiment sets carry their value (the others are lists or vary per cell)."""
+    for view in views(plan):
+        yield from view.sets
+        m, o = view.matrix, view.matrix_origin
+        yield from (Assignment(d, target(d).path, None, o + ("axes", d)) for d in m.axes)
+        yield from (Assignment(d, target(d).path, None, o + ("zip", g, d))
+                    for g, group in enumerate(m.zip) for d in group)
+        yield from (Assignment(d, target(d).path, None, o + ("include", n, d))
+                    for n, entry in enumerate(m.include) for d in entry)
+    yield from (Assignment(d, target(d).path, None, ("arms", j, "set", d))
+                for j, arm in enumerate(plan.arms) for d in arm.set)
+
+
+def param_name(plan: Plan, dotted: str) -> str:
+    """Name of a varied field in the run params: `param_names` or the last path segment."""
+    return plan.param_names.get(dotted, dotted.rsplit(".", 1)[-1])

@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-Path = tuple[str | int, ...]
+from orchestrator.plan.model.paths import KeyPath
 
 
-def format_path(path: Path) -> str:
+def format_path(path: KeyPath) -> str:
     """`('matrix', 'axes', 'bottleneck.rate', 1)` -> `matrix.axes['bottleneck.rate'][1]`."""
     out = ""
     for seg in path:
@@ -31,7 +31,7 @@ class Issue:
     file: str
     line: int
     col: int
-    path: Path
+    path: KeyPath
     message: str
 
     def __str__(self) -> str:
@@ -45,7 +45,7 @@ class Problem:
     `at_key` asks for the position of the mapping key rather than its value (unknown fields).
     """
 
-    path: Path
+    path: KeyPath
     message: str
     at_key: bool = False
 
@@ -65,10 +65,10 @@ Mark = tuple[int, int]
 class Marks:
     """1-based positions of the nodes of a YAML document, by path (values) and by mapping key."""
 
-    values: Mapping[Path, Mark]
-    keys: Mapping[Path, Mark]
+    values: Mapping[KeyPath, Mark]
+    keys: Mapping[KeyPath, Mark]
 
-    def locate(self, path: Path, at_key: bool = False) -> Mark:
+    def locate(self, path: KeyPath, at_key: bool = False) -> Mark:
         """Position of `path`, falling back to the nearest parent that exists in the document."""
         for n in range(len(path), -1, -1):
             prefix = path[:n]

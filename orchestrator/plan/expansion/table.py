@@ -14,7 +14,7 @@ import os
 from collections import defaultdict
 from typing import Any
 
-from orchestrator.plan.runspec import RunSpec
+from orchestrator.plan.expansion.runspec import RunSpec
 
 MISSING = "–"
 
@@ -116,9 +116,9 @@ def study_table(runs: list[RunSpec]) -> tuple[list[str], list[list[str]], list[t
     arms: list[Any] = []
     keys: list[str] = []
     # flatten each run once: a params value wins over a derived one of the same name
-    shown = {r.run_id: {**r.derived, **flat_params(r)} for r in runs if r.repetition == 0}
+    shown = {r.run_id: {**r.derived.model_dump(), **flat_params(r)} for r in runs if r.repetition == 0}
     for r in runs:
-        keys += [k for k in (*flat_params(r), *r.derived) if k not in keys]
+        keys += [k for k in (*flat_params(r), *r.derived.model_dump()) if k not in keys]
         if r.params.get("arm") not in arms:
             arms.append(r.params.get("arm"))
     rows: list[list[str]] = []

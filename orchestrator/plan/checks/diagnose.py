@@ -11,11 +11,11 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from orchestrator.plan.errors import Path, Problem
-from orchestrator.plan.paths import PathError, is_model, resolve, unwrap
+from orchestrator.plan.checks.errors import Problem
+from orchestrator.plan.model.paths import KeyPath, PathError, is_model, parse_field_path, unwrap
 
 
-def _normalize(doc: Any, loc: tuple[Any, ...]) -> tuple[Path, bool]:
+def _normalize(doc: Any, loc: tuple[Any, ...]) -> tuple[KeyPath, bool]:
     """Map a pydantic loc onto the document: (path, the error is about a mapping key)."""
     out: list[str | int] = []
     node, at_key, i = doc, False, 0
@@ -41,14 +41,14 @@ def _normalize(doc: Any, loc: tuple[Any, ...]) -> tuple[Path, bool]:
     return tuple(out), at_key
 
 
-def _known_fields(root: Any, parent: Path) -> list[str]:
+def _known_fields(root: Any, parent: KeyPath) -> list[str]:
     """Field names allowed at `parent` (for did-you-mean hints); [] when they cannot be told."""
     tp: Any = root
     if parent:
         if not is_model(root):
             return []
         try:
-            tp = resolve(root, ".".join(str(s) for s in parent)).annotation
+            tp = parse_field_path(root, ".".join(str(s) for s in parent)).annotation
         except PathError:
             return []
     base = unwrap(tp)
@@ -63,7 +63,7 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _message(err: ErrorDetails, path: Path, root: Any, model_path: Path) -> str:
+def _message(err: ErrorDetails, path: KeyPath, root: Any, model_path: KeyPath) -> str:
     kind, msg = err["type"], err["msg"]
     if kind == "missing":
         return "required field is missing"

@@ -12,7 +12,8 @@ from typing import Any
 
 import yaml
 
-from orchestrator.plan.errors import Issue, Mark, Marks, Path, PlanError
+from orchestrator.plan.checks.errors import Issue, Mark, Marks, PlanError
+from orchestrator.plan.model.paths import KeyPath
 
 MAX_NODES = 200_000   # an alias bomb expands exponentially; real plans are a few hundred nodes
 MAX_DEPTH = 40        # real plans nest about 8 deep; the limit keeps recursion far from Python's
@@ -22,17 +23,17 @@ _MERGE_TAG = "tag:yaml.org,2002:merge"
 class _Reader:
     def __init__(self, loader: yaml.SafeLoader, file: str):
         self.loader, self.file = loader, file
-        self.values: dict[Path, Mark] = {}
-        self.keys: dict[Path, Mark] = {}
+        self.values: dict[KeyPath, Mark] = {}
+        self.keys: dict[KeyPath, Mark] = {}
         self.issues: list[Issue] = []
         self.count = 0
         self.stack: set[int] = set()
 
-    def issue(self, node: yaml.Node, path: Path, message: str) -> None:
+    def issue(self, node: yaml.Node, path: KeyPath, message: str) -> None:
         line, col = _mark(node)
         self.issues.append(Issue(self.file, line, col, path, message))
 
-    def convert(self, node: yaml.Node, path: Path) -> Any:
+    def convert(self, node: yaml.Node, path: KeyPath) -> Any:
         self.count += 1
         if self.count > MAX_NODES:
             raise PlanError([Issue(self.file, *_mark(node), path, f"plan too large (over {MAX_NODES} nodes)")])
@@ -53,7 +54,7 @@ class _Reader:
         finally:
             self.stack.discard(id(node))
 
-    def _scalar(self, node: yaml.Node, path: Path) -> Any:
+    def _scalar(self, node: yaml.Node, path: KeyPath) -> Any:
         try:
             value = self.loader.construct_object(node, deep=True)
         except yaml.YAMLError as exc:
@@ -67,7 +68,7 @@ class _Reader:
             return None
         return value
 
-    def _key(self, node: yaml.Node, path: Path) -> str | int | None:
+    def _key(self, node: yaml.Node, path: KeyPath) -> str | int | None:
         if not isinstance(node, yaml.ScalarNode):
             self.issue(node, path, "a mapping key must be a plain string or integer")
             return None
@@ -80,7 +81,7 @@ class _Reader:
         self.issue(node, path, f"a mapping key must be a string or integer, not {node.value!r}")
         return None
 
-    def _mapping(self, node: yaml.MappingNode, path: Path) -> dict[str | int, Any]:
+    def _mapping(self, node: yaml.MappingNode, path: KeyPath) -> dict[str | int, Any]:
         out: dict[str | int, Any] = {}
         merged: dict[str | int, Any] = {}
         for key_node, value_node in node.value:
@@ -98,7 +99,7 @@ class _Reader:
             out[key] = self.convert(value_node, path + (key,))
         return {**merged, **out}
 
-    def _merge(self, node: yaml.Node, path: Path) -> dict[str | int, Any]:
+    def _merge(self, node: yaml.Node, path: KeyPath) -> dict[str | int, Any]:
         """`<<: *anchor` (or a list of anchors): keys of the merged maps, earlier maps win."""
         sources = node.value if isinstance(node, yaml.SequenceNode) else [node]
         out: dict[str | int, Any] = {}

@@ -12,7 +12,7 @@ from typing import Annotated, Any, ClassVar
 from pydantic import AfterValidator, GetCoreSchemaHandler, GetJsonSchemaHandler
 from pydantic_core import core_schema
 
-from orchestrator.plan import units
+from orchestrator.plan.model import units
 
 
 class Quantity:
@@ -108,7 +108,7 @@ class Fraction(Quantity):
 
 class Threshold(Quantity):
     """An AQM threshold: a time, or relative to the BDP (`0.17bdp` = 0.17 x base RTT) or to the target queue
-    (`3target`). `.value` is (unit, number); `resolve` gives nanoseconds for one run."""
+    (`3target`). `.value` is (unit, number); `in_ns` gives nanoseconds for one run."""
 
     unit, suffix, example = "time, or a multiple of the BDP / target queue (write 500us, 0.17bdp, 3target)", \
         "spec", "500us"
@@ -119,7 +119,8 @@ class Threshold(Quantity):
     def number(self) -> str:
         return str(self.raw)
 
-    def resolve(self, rtt_ns: int | None, target_ns: int | None) -> int:
+    def in_ns(self, rtt_ns: int | None, target_ns: int | None) -> int:
+        """Nanoseconds for one run, given the run's base RTT and target queue delay (relative values)."""
         kind, x = self.value
         if kind == "ns":
             return int(x)
@@ -128,6 +129,7 @@ class Threshold(Quantity):
             raise ValueError(f"{self.raw!r} is relative to the {'base RTT' if kind == 'bdp' else 'target'}, "
                              "which this run does not state")
         return int(x * ref)
+
 
 
 class Buffer(Quantity):
@@ -142,7 +144,7 @@ class Buffer(Quantity):
     def number(self) -> str:
         return str(self.raw)
 
-    def resolve(self, rate_bit: int | None, rtt_ns: int | None) -> int:
+    def in_bytes(self, rate_bit: int | None, rtt_ns: int | None) -> int:
         """Bytes for one run (BDP and time need the bottleneck rate; BDP also the base RTT)."""
         kind, x = self.value
         if kind == "bytes":
@@ -151,6 +153,7 @@ class Buffer(Quantity):
             raise ValueError(f"{self.raw!r} needs the bottleneck rate{' and base RTT' if kind == 'bdp' else ''}")
         ns = x * rtt_ns if kind == "bdp" else x
         return -(-int(rate_bit * ns) // (8 * 10**9))
+
 
 
 def _positive(q: Quantity) -> Quantity:

@@ -1,4 +1,4 @@
-"""Canonical form of resolved plan values, for equality across spellings and for stable hashes.
+"""Canonical form of instantiated plan values, for equality across spellings and for stable hashes.
 
 `20mbit` and `20Mbit` are one value; a canonical form replaces each quantity by its kernel-unit number
 and each model by its field dict, and the digest is a sha256 over sorted-key JSON of that form.
@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from orchestrator.plan.quantities import Quantity
+from orchestrator.plan.model.quantities import Quantity
 
 
 def canonical(obj: Any) -> Any:

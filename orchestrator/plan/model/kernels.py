@@ -12,7 +12,7 @@ import re
 
 from pydantic import model_validator
 
-from orchestrator.plan.fields import Strict, _f
+from orchestrator.plan.model.fields import Strict, _f
 
 
 class KernelSource(Strict):
