@@ -15,7 +15,7 @@ import numpy as np
 
 from analysis import metrics as m
 from analysis.rundata import PACKET_DTYPE, RunData
-from analysis.summary import RunRow, summarise
+from analysis.summary import RunRow, flow_spans, summarise
 
 MS = 1_000_000
 TEN_MS, HUNDRED_MS = 10 * MS, 100 * MS
@@ -108,14 +108,11 @@ def analyse(data: RunData) -> RunAnalysis:
     meta = data.meta
     row = summarise(data)
     notes: list[str] = [f"run flag: {f}" for f in meta.flags]   # a flagged run's numbers are suspect: say so
-    analysis = meta.analysis
     pk = {f.flow_id: data.packets.get(f.flow_id, np.empty(0, PACKET_DTYPE)) for f in data.flows}
-    spans = {i: (int(p["ts_ns"].min()), int(p["ts_ns"].max())) for i, p in pk.items() if p.size}
-    t0 = meta.t0_ns if meta.t0_ns is not None else (min(s[0] for s in spans.values()) if spans else None)
-    if t0 is None or not spans:
+    spans = flow_spans(data)
+    window, t0 = row.window, row.t0_ns        # the one window: the runs table's, the report's
+    if not spans:
         notes.append("no data packets at the bottleneck capture")
-        t0 = t0 or 0
-    window = m.analysis_window(list(spans.values()), t0, analysis.warmup_s, analysis.measure_s, analysis.window)
     if window.empty and spans:
         notes.append(f"empty analysis window ({window.rule}): window metrics are NaN")
     w0, w1 = window.start_ns, window.end_ns

@@ -1,6 +1,7 @@
 """The per-run results table: one RunRow per run (goodput, backlog, drops, cwnd) and its text form.
 
-`summarise` is pure (RunData in, RunRow out); `run_table` adds the DB reading from analysis/load.py.
+`summarise` is pure (RunData in, RunRow out); `run_table` adds the DB reading from analysis/load.py. Every
+column is computed over the run's analysis window (`run_window`, the one window rule), and every table says so.
 The column list below is shared by the text table, the HTML report and the CSV so they never drift.
 """
 from __future__ import annotations
@@ -22,38 +23,42 @@ from analysis.rundata import PACKET_DTYPE, RunData
 
 @dataclass(frozen=True)
 class RunRow:
-    """One run's summary. Rates in bit/s, backlog in bytes and packets, cwnd in segments; NaN (or
-    None for counts) where the run has no data for a column."""
+    """One run's summary over its analysis window (`window`). Rates in bit/s, backlog in bytes and packets,
+    cwnd in segments; NaN (or None for counts) where the run has no data for a column."""
 
     run_id: str
     cc: str
     rate_bit: int | None
     flows: int
-    goodput_bps: float                    # aggregate: Σ goodput bytes / union of active spans
-    flow_goodput_bps: tuple[float, ...]   # per flow, in flow_id order
+    goodput_bps: float                    # aggregate: Σ goodput bytes in the window / window length
+    flow_goodput_bps: tuple[float, ...]   # per flow, in flow_id order, over the same window
     goodput_ratio: float                  # aggregate goodput / configured rate
     backlog_mean_bytes: float
     backlog_p99_bytes: float
     backlog_mean_packets: float
     backlog_p99_packets: float
     drops: int | None
-    mean_cwnd: float                      # mean of the data flows' per-flow means
+    mean_cwnd: float                      # mean of the data flows' per-flow means in the window
     point: str | None                     # capture point goodput was read at
     qdisc_handle: str | None              # bottleneck qdisc the backlog was read from
+    window: metrics.Window                # the run's analysis window (its rule is printed with every table)
+    t0_ns: int                            # the run's T0 (its first packet when T0 is unknown)
 
 
-def analysis_window(data: RunData, goodputs: list[metrics.Goodput]) -> tuple[int | None, int | None]:
-    """Window for queue statistics: while data flowed at the capture point, else the flows' schedule
-    from t0, else everything (idle seconds before and after the flows would dilute the mean)."""
-    active = [g for g in goodputs if g.bytes > 0]
-    if active:
-        return min(g.first_ns for g in active), max(g.last_ns for g in active)
-    t0 = data.meta.t0_ns
-    if t0 is not None and data.flows:
-        start = min(f.start_s for f in data.flows)
-        end = max(f.start_s + f.duration_s for f in data.flows)
-        return t0 + int(start * 1e9), t0 + int(end * 1e9)
-    return None, None
+def flow_spans(data: RunData) -> dict[int, tuple[int, int]]:
+    """Each flow's first and last packet at the bottleneck capture: what the window rule is applied to."""
+    return {f.flow_id: (int(p["ts_ns"].min()), int(p["ts_ns"].max()))
+            for f in data.flows if (p := data.packets.get(f.flow_id)) is not None and p.size}
+
+
+def run_window(data: RunData) -> tuple[metrics.Window, int]:
+    """The run's analysis window and T0: the one rule (analysis/metrics/windows.py) with the run's settings
+    (warm-up, measure length, all-flows-active or whole run), over the flows' spans at the bottleneck capture.
+    The runs table, every metric of the report and the CPU guard use this rule."""
+    spans = flow_spans(data)
+    t0 = data.meta.t0_ns if data.meta.t0_ns is not None else min((s[0] for s in spans.values()), default=0)
+    a = data.meta.analysis
+    return metrics.analysis_window(list(spans.values()), t0, a.warmup_s, a.measure_s, a.window), t0
 
 
 def _run_cc(data: RunData) -> str:
@@ -63,26 +68,32 @@ def _run_cc(data: RunData) -> str:
 
 
 def summarise(data: RunData) -> RunRow:
-    """The run table row of one loaded run."""
+    """The run table row of one loaded run, every column over the run's analysis window."""
     no_packets = np.empty(0, PACKET_DTYPE)
-    goodputs = [metrics.flow_goodput(data.packets.get(f.flow_id, no_packets)) for f in data.flows]
-    aggregate = metrics.aggregate_goodput(goodputs)
+    window, t0 = run_window(data)
+    w0, w1 = window.start_ns, window.end_ns
+    per_flow = []
+    for f in data.flows:
+        ts, adv = metrics.goodput_advance(data.packets.get(f.flow_id, no_packets))
+        per_flow.append(int(adv[metrics.in_window(ts, w0, w1)].sum()))
+    length = window.length_ns
     rate = data.meta.rate_bit
-    start, end = analysis_window(data, goodputs)
-    backlog = metrics.backlog_stats(data.qdisc, start, end)
-    cwnds = [metrics.mean_cwnd(data.probe, f.src_port, f.dst_port) for f in data.flows]
+    aggregate = sum(per_flow) * 8e9 / length if length else math.nan
+    backlog = metrics.backlog_stats(data.qdisc, w0, w1)   # an empty window selects no sample: NaN
+    probe = data.probe[metrics.in_window(data.probe["ts_ns"], w0, w1)]
+    cwnds = [metrics.mean_cwnd(probe, f.src_port, f.dst_port) for f in data.flows]
     cwnds = [c for c in cwnds if not math.isnan(c)]
     return RunRow(
         run_id=data.meta.run_id, cc=_run_cc(data), rate_bit=rate,
         flows=data.meta.flows if data.meta.flows is not None else len(data.flows),
         goodput_bps=aggregate,
-        flow_goodput_bps=tuple(g.bits_per_s for g in goodputs),
+        flow_goodput_bps=tuple(b * 8e9 / length if length else math.nan for b in per_flow),
         goodput_ratio=aggregate / rate if rate else math.nan,
         backlog_mean_bytes=backlog.mean_bytes, backlog_p99_bytes=backlog.p99_bytes,
         backlog_mean_packets=backlog.mean_packets, backlog_p99_packets=backlog.p99_packets,
         drops=backlog.drops if backlog.samples else None,
         mean_cwnd=float(np.mean(cwnds)) if cwnds else math.nan,
-        point=data.meta.capture_point, qdisc_handle=data.qdisc_handle,
+        point=data.meta.capture_point, qdisc_handle=data.qdisc_handle, window=window, t0_ns=t0,
     )
 
 
@@ -144,9 +155,16 @@ def table_cells(rows: Iterable[RunRow]) -> list[list[str]]:
     return [[c.cell(r) for c in COLUMNS] for r in rows]
 
 
+def window_caption(rows: Iterable[RunRow]) -> str:
+    """Which window the columns of a runs table use, once per distinct rule."""
+    rules = sorted({r.window.rule for r in rows})
+    return ("goodput, backlog, drops and cwnd over each run's analysis window (docs/metrics.md#analysis-window): "
+            + "; ".join(rules)) if rules else ""
+
+
 def format_table(rows: list[RunRow], width: int = 200) -> str:
-    """A plain-text (no colour codes) table of the rows, rendered with rich."""
-    table = Table(title="tcplab runs")
+    """A plain-text (no colour codes) table of the rows, rendered with rich, captioned with its window."""
+    table = Table(title="tcplab runs", caption=window_caption(rows) or None)
     for c in COLUMNS:
         table.add_column(c.header, justify="right" if c.numeric else "left")
     for cells in table_cells(rows):
@@ -163,11 +181,14 @@ def render_plain(table: Table, width: int) -> str:
 
 CSV_FIELDS = ("run_id", "cc", "rate_bit", "flows", "goodput_bps", "flow_goodput_bps", "goodput_ratio",
               "backlog_mean_bytes", "backlog_p99_bytes", "backlog_mean_packets", "backlog_p99_packets",
-              "drops", "mean_cwnd", "point", "qdisc_handle")
+              "drops", "mean_cwnd", "point", "qdisc_handle", "window", "window_start_s", "window_s")
 
 
 def csv_record(row: RunRow) -> dict[str, object]:
-    """A CSV row in full precision and base units; per-flow goodputs joined with ';'."""
-    rec: dict[str, object] = {name: getattr(row, name) for name in CSV_FIELDS}
+    """A CSV row in full precision and base units; per-flow goodputs joined with ';'; the window's rule, its
+    start (s after T0) and length (s)."""
+    rec: dict[str, object] = {name: getattr(row, name) for name in CSV_FIELDS[:-3]}
     rec["flow_goodput_bps"] = ";".join(repr(g) for g in row.flow_goodput_bps)
+    rec.update(window=row.window.rule, window_start_s=(row.window.start_ns - row.t0_ns) / 1e9,
+               window_s=row.window.length_ns / 1e9)
     return {k: ("" if v is None else v) for k, v in rec.items()}

@@ -73,8 +73,9 @@ def qdisc_rows(run_id: str, iface: str, backlogs: list[int], drops: list[int], s
     return rows
 
 
-def probe_rows(run_id: str, host: str, sport: int, dport: int, cwnds: list[int]) -> list[dict]:
-    return [dict(run_id=run_id, host=host, ts_ns=T0 + k * MS, saddr=SERVER, sport=sport, daddr=CLIENT,
+def probe_rows(run_id: str, host: str, sport: int, dport: int, cwnds: list[int], start_ms: int = 0) -> list[dict]:
+    """tcp_probe events one per ms from start_ms (the run table reads them inside the run's window only)."""
+    return [dict(run_id=run_id, host=host, ts_ns=T0 + (start_ms + k) * MS, saddr=SERVER, sport=sport, daddr=CLIENT,
                  dport=dport, snd_cwnd=c, ssthresh=2**31 - 1, srtt_us=1000, snd_wnd=0, rcv_wnd=0,
                  snd_nxt=0, snd_una=0, data_len=0, sock_cookie=0) for k, c in enumerate(cwnds)]
 
@@ -131,11 +132,12 @@ def engine(tmp_path: Path) -> sa.Engine:
              # another sampled interface of the aqm host (sorting first): not the bottleneck.
              + qdisc_rows("q-reno-20", "br0", [77_000] * 26, list(range(26)))
              + qdisc_rows("q-bbr-50", "to-client", [3000] * 45, [k // 10 for k in range(45)]))
-    probe = (probe_rows("q-reno-20", "server", 40000, 5201, [10, 20, 30, 40])     # data: mean 25
-             + probe_rows("q-reno-20", "server", 39999, 5201, [10])               # control connection
-             + probe_rows("q-reno-20", "client", 5201, 40000, [7, 7, 7])          # receiver side
-             + probe_rows("q-bbr-50", "server", 40001, 5201, [100, 100])
-             + probe_rows("q-bbr-50", "server", 40002, 5202, [50]))
+    probe = (probe_rows("q-reno-20", "server", 40000, 5201, [10, 20, 30, 40], 100)     # data: mean 25
+             + probe_rows("q-reno-20", "server", 40000, 5201, [90], 5)                  # before the window
+             + probe_rows("q-reno-20", "server", 39999, 5201, [10], 100)                # control connection
+             + probe_rows("q-reno-20", "client", 5201, 40000, [7, 7, 7], 100)           # receiver side
+             + probe_rows("q-bbr-50", "server", 40001, 5201, [100, 100], 250)
+             + probe_rows("q-bbr-50", "server", 40002, 5202, [50], 250))
     keys = {r["run_id"]: i + 1 for i, r in enumerate(runs)}
     for r in runs:
         r["run_key"] = keys[r["run_id"]]
@@ -211,15 +213,19 @@ def test_run_table_single_flow_with_wrap_retransmission_and_control_connection(e
     assert row.mean_cwnd == pytest.approx(25.0)    # data connection only
 
 
-def test_run_table_two_flows_union_span_and_default_selection(engine):
+def test_run_table_two_flows_over_the_all_flows_active_window(engine):
     rows = summary.run_table(engine)              # complete runs only, ordered by run_id
     assert [r.run_id for r in rows] == ["q-bbr-50", "q-reno-20"]
     bbr = rows[0]
-    f0, f1 = 10 * MSS * 8 / 0.090, 16 * MSS * 8 / 0.150
-    assert bbr.flow_goodput_bps == pytest.approx((f0, f1))
-    assert bbr.goodput_bps == pytest.approx(26 * MSS * 8 / 0.200)   # union span 200..400 ms
-    assert bbr.drops == 2 and bbr.backlog_mean_bytes == pytest.approx(3000.0)
+    # spans [200, 290] and [250, 400] ms: the window is [250, 290] ms, where each flow sent 5 new segments
+    assert bbr.window.rule == "all_flows_active"
+    assert (bbr.window.start_ns - T0, bbr.window.length_ns) == (250 * MS, 40 * MS)
+    assert bbr.flow_goodput_bps == pytest.approx((5 * MSS * 8 / 0.040,) * 2)
+    assert bbr.goodput_bps == pytest.approx(10 * MSS * 8 / 0.040)
+    assert bbr.drops == 0 and bbr.backlog_mean_bytes == pytest.approx(3000.0)   # counter flat in the window
     assert bbr.mean_cwnd == pytest.approx(75.0)                      # mean of per-flow means
+    assert "all_flows_active" in summary.format_table(rows)          # the table says which window it used
+    assert summary.csv_record(bbr)["window_s"] == pytest.approx(0.040)
 
 
 def test_run_table_failed_run_by_id_and_unknown_id(engine):
