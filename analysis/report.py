@@ -25,7 +25,7 @@ from analysis.load import iter_runs
 from analysis.plots import Panel, RunSeries, backlog_png, box_png, cdf_png, throughput_png, timeseries_png
 from analysis.rundata import RunData
 from analysis.runstats import SERIES_BIN_NS, RunAnalysis, analyse
-from analysis.summary import COLUMNS, CSV_FIELDS, RunRow, csv_record, fmt_rate, table_cells
+from analysis.summary import COLUMNS, CSV_FIELDS, RunRow, csv_record, fmt_rate, table_cells, window_rules
 from analysis.tables import (
     Table,
     arm_labels,
@@ -202,9 +202,11 @@ img {{ max-width: 100%; }} .note {{ color: #555; font-size: 0.85em; }}
 </style></head><body>
 <h1>{html.escape(title)}</h1>
 <p class="note">{len(rows)} run(s); generated {generated}. Goodput at the capture point downstream of the
-bottleneck (bytes advancing the highest sequence number, over each flow's active span); backlog of the
-bottleneck root qdisc over the data window; queue delay = per-packet sojourn from paired aqm captures over
-each run's analysis window; percentiles by {metrics.PERCENTILE_METHOD} interpolation; KB = 1000 bytes.
+bottleneck (bytes advancing the highest sequence number); backlog of the bottleneck root qdisc; queue delay =
+per-packet sojourn from paired aqm captures; every column below over each run's analysis window:
+{html.escape(window_rules(rows) or "no runs")} (the rule, start and length of each run's
+window are in the Runs result table); time plots show the whole run. Percentiles by
+{metrics.PERCENTILE_METHOD} interpolation; KB = 1000 bytes.
 Tables as {formats} in <a href="{TABLES_DIR}/">{TABLES_DIR}/</a>; run table: <a href="runs.csv">runs.csv</a>.</p>
 <h2>Runs</h2>
 <table class="runs"><thead><tr>{head}</tr></thead>

@@ -155,11 +155,16 @@ def table_cells(rows: Iterable[RunRow]) -> list[list[str]]:
     return [[c.cell(r) for c in COLUMNS] for r in rows]
 
 
+def window_rules(rows: Iterable[RunRow]) -> str:
+    """The distinct window rules of the rows, e.g. 'all_flows_active, warm-up 2 s'."""
+    return "; ".join(sorted({r.window.rule for r in rows}))
+
+
 def window_caption(rows: Iterable[RunRow]) -> str:
-    """Which window the columns of a runs table use, once per distinct rule."""
-    rules = sorted({r.window.rule for r in rows})
-    return ("goodput, backlog, drops and cwnd over each run's analysis window (docs/metrics.md#analysis-window): "
-            + "; ".join(rules)) if rules else ""
+    """Which window the columns of a runs table use."""
+    rules = window_rules(rows)
+    return (f"goodput, backlog, drops and cwnd over each run's analysis window (docs/metrics.md#analysis-window): "
+            f"{rules}") if rules else ""
 
 
 def format_table(rows: list[RunRow], width: int = 200) -> str:

@@ -135,8 +135,8 @@ def convergence_table(results: Sequence[RunAnalysis]) -> Table:
     return summary_by_arm(
         results, "convergence", "Convergence time (base RTTs; 100 ms bins when no RTT is stated)",
         lambda r: [f.convergence_rtts for f in r.flows],
-        "per flow: from its first packet to the first bin where it is within 80-120 % of the fair share "
-        "and every running flow stays there for 10 bins; censored flows are left out")
+        "per flow, over the whole run: from its first packet to the first bin where it is within 80-120 % of "
+        "the fair share and every running flow stays there for 10 bins; censored flows are left out")
 
 
 # ---------------------------------------------------------------------------- per-run and per-flow tables
@@ -148,6 +148,11 @@ def _stats_cols(prefix: str) -> tuple[str, ...]:
 def _stats_vals(s: Stats) -> tuple[float, ...]:
     """The value fields in STAT_FIELDS order (NaN becomes None where the row is _clean-ed)."""
     return tuple(getattr(s, f) for f in STAT_FIELDS)
+
+
+WINDOW_NOTE = ("every value over the run's analysis window (docs/metrics.md#analysis-window): `window` is its rule, "
+               "`window_start_s` its start after T0, `window_s` its length; the runs table of `tcplab run` and "
+               "`tcplab table` uses the same window")
 
 
 def runs_table(results: Sequence[RunAnalysis]) -> Table:
@@ -168,7 +173,7 @@ def runs_table(results: Sequence[RunAnalysis]) -> Table:
             "window_start_s", "window_s", "goodput_bps", "util_wire", "util_payload", "util_min_10ms",
             *_stats_cols("qdelay_us"), "jain", "rate_ratio", "toggling", "qdisc_drop_rate", "drops",
             "mean_cwnd", "notes")
-    return Table("runs_detail", "Runs", cols, tuple(_clean(row) for row in rows))
+    return Table("runs_detail", "Runs", cols, tuple(_clean(row) for row in rows), note=WINDOW_NOTE)
 
 
 def flows_table(results: Sequence[RunAnalysis]) -> Table:
@@ -186,7 +191,10 @@ def flows_table(results: Sequence[RunAnalysis]) -> Table:
             "rtt_samples", "rtt_median_us", "rtt_p95_us", "srtt_mean_us", "cwnd_mean", "cwnd_max",
             "ce_fraction", "aqm_marked", "aqm_dropped", "retransmissions", "fct_s", "fct_censored",
             "gap_median_us", "gap_p99_us", "dctcp_alpha_mean", "convergence_s", "convergence_rtts")
-    return Table("flows", "Flows", cols, tuple(_clean(row) for row in rows))
+    return Table("flows", "Flows", cols, tuple(_clean(row) for row in rows),
+                 note="goodput, queue delay, RTT, srtt, cwnd, marks, drops, gaps and DCTCP alpha over each run's "
+                      "analysis window (runs_detail: window); FCT and convergence over the whole run, from the "
+                      "flow's first packet")
 
 
 def series_tables(results: Sequence[RunAnalysis]) -> list[Table]:
@@ -202,12 +210,15 @@ def series_tables(results: Sequence[RunAnalysis]) -> list[Table]:
             cw += [_clean((r.run_id, flow, k * 0.01, v)) for k, v in enumerate(values.tolist())]
         n = r.qdelay_sketch_us.size
         cdf += [(r.run_id, i / (n - 1), v) for i, v in enumerate(r.qdelay_sketch_us.tolist())] if n > 1 else []
+    whole = "the whole run, t_s from T0 (not cut to the analysis window)"
     return [Table("throughput_series", "Per-flow goodput", ("run_id", "flow_id", "bin_ms", "t_s", "goodput_bps"),
-                  tuple(tput)),
-            Table("qdelay_series", "Queue delay, mean per 10 ms", ("run_id", "t_s", "qdelay_us"), tuple(qd)),
-            Table("cwnd_series", "cwnd, last value per 10 ms", ("run_id", "flow_id", "t_s", "cwnd"), tuple(cw)),
+                  tuple(tput), note=whole),
+            Table("qdelay_series", "Queue delay, mean per 10 ms", ("run_id", "t_s", "qdelay_us"), tuple(qd),
+                  note=whole),
+            Table("cwnd_series", "cwnd, last value per 10 ms", ("run_id", "flow_id", "t_s", "cwnd"), tuple(cw),
+                  note=whole),
             Table("qdelay_cdf", "Queue delay CDF (quantile sketch)", ("run_id", "probability", "qdelay_us"),
-                  tuple(cdf))]
+                  tuple(cdf), note="per-packet sojourn over each run's analysis window")]
 
 
 def _clean(row: tuple) -> tuple:

@@ -15,10 +15,12 @@ import pytest
 import sqlalchemy as sa
 from PIL import Image
 
-from analysis import load, rundata, runmeta, summary
+from analysis import load, rundata, runmeta, runstats, summary
+from analysis import tables as t
 from analysis.report import write_report
 from orchestrator.plan import CapturePoint, FlowSpec, HostSpec, LinkRef, RunSpec
 from orchestrator.storage import tables as T
+from schemas.flag import parse_line
 from schemas.hoststate import Htb, Pfifo
 
 T0 = 1_700_000_000_000_000_000
@@ -106,7 +108,7 @@ def engine(tmp_path: Path) -> sa.Engine:
     runs = [run_row("q-reno-20", "reno", 20_000_000, [5201]),
             run_row("q-bbr-50", "bbr", 50_000_000, [5201, 5202]),
             run_row("q-failed", "reno", 20_000_000, [5201], status="failed")]
-    runs[1]["flags"] = [CPULOAD_FLAG]
+    runs[1]["flags"] = [parse_line(CPULOAD_FLAG).stored()]
     flows = [flow_row("q-reno-20", 0, "reno", 5201, None),            # sender port not recorded
              flow_row("q-bbr-50", 0, "bbr", 5201, 40001),
              flow_row("q-bbr-50", 1, "bbr", 5202, 40002),
@@ -291,6 +293,16 @@ def test_write_report_html_and_csv(engine, tmp_path):
     assert f"run flag: {CPULOAD_FLAG}" in notes["q-bbr-50"]
     assert "run flag" not in notes["q-reno-20"]
     assert html.escape(f"run flag: {CPULOAD_FLAG}") in page
+    assert "analysis window: all_flows_active" in " ".join(page.split())   # the page says which window
+
+
+def test_every_table_says_which_window_its_columns_use(engine):
+    results = [runstats.analyse(d) for d in load.iter_runs(engine, ["q-reno-20", "q-bbr-50"], detail=True)]
+    tables = [*t.qdelay_tables(results), t.utilisation_table(results), t.convergence_table(results),
+              t.runs_table(results), t.flows_table(results), *t.series_tables(results)]
+    assert len(tables) >= 8
+    for table in tables:
+        assert "analysis window" in table.note or "whole run" in table.note, (table.name, table.note)
 
 
 def test_run_series_bins_share_t0_and_show_the_retransmission_free_goodput(engine):
