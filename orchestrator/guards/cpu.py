@@ -1,4 +1,4 @@
-"""G-CPULOAD and M-CPU: the per-CPU load the hosts sampled during the run, over the run's measurement window.
+"""G-CPULOAD and M-CPU: the per-CPU load the hosts sampled during the run, over the run's analysis window.
 
 A netns lab is one machine: every role that shares a kernel (same boot_id) shares one sampler, and the flag
 names them all (`client+aqm+server`).
@@ -15,7 +15,7 @@ CPULOAD_WINDOW_SHARE = 0.05   # ... and the run is flagged when that holds for m
 
 
 def cpu_summary(load: CpuIntervals, window: tuple[int, int]) -> dict[str, dict[str, float]]:
-    """M-CPU over the measurement window, per CPU: time-weighted mean busy, softirq and steal shares, the
+    """M-CPU over the analysis window, per CPU: time-weighted mean busy, softirq and steal shares, the
     busiest interval, and the share of the window spent above CPULOAD_BUSY. Intervals without a tick are left
     out (their share of time is unknown)."""
     weight = load.overlap_ns(window).astype(np.float64)
@@ -38,12 +38,12 @@ def cpuload_findings(summary: dict[str, dict[str, float]], host: str) -> list[Fl
     every role that shares that kernel (a netns lab is one machine)."""
     if not summary:
         return [Flag(guard="G-CPULOAD", host=host,
-                     message="no CPU sample covers the measurement window: the host's load "
+                     message="no CPU sample covers the analysis window: the host's load "
                         "during the run is unknown")]
     hot = {cpu: s for cpu, s in summary.items() if s["saturated_share"] > CPULOAD_WINDOW_SHARE}
     return [Flag(guard="G-CPULOAD", host=host,
                  message=f"{cpu} was > {CPULOAD_BUSY:.0%} busy for {s['saturated_share']:.0%} of "
-                    f"the measurement window (mean {s['busy_mean']:.0%}, softirq {s['softirq_mean']:.0%}, "
+                    f"the analysis window (mean {s['busy_mean']:.0%}, softirq {s['softirq_mean']:.0%}, "
                     f"steal {s['steal_mean']:.0%}): the lab host, not the network, may have limited this run")
             for cpu, s in hot.items()]
 

@@ -137,7 +137,7 @@ def stored_flags(db) -> dict:
 def run_lab_plan_unloaded(plan: Path, state_dir: Path, tmp_path: Path, attempts: int = 3):
     """run_lab_plan for tests that check numbers against physics: the lab machine is shared (CI, other
     sessions), so a run the framework flags G-CPULOAD -- a core of the hosts' machine saturated during the
-    measurement window, so the machine and not the network may have set the numbers -- is run again, up to
+    analysis window, so the machine and not the network may have set the numbers -- is run again, up to
     `attempts` times. If every attempt is flagged the test is skipped with the guard's findings as the reason:
     the framework itself declared the numbers invalid, so they can be neither passed nor failed."""
     loaded: list[str] = []

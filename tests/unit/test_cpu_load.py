@@ -75,7 +75,7 @@ def test_only_the_window_counts() -> None:
     outside = guards.cpu_summary(iv, (hi + 10**9, hi + 2 * 10**9))
     assert outside == {}
     [f] = guards.cpuload_findings(outside, "server")
-    assert "no CPU sample covers the measurement window" in f.message
+    assert "no CPU sample covers the analysis window" in f.message
 
 
 @pytest.mark.parametrize("text, where", [
