@@ -9,7 +9,8 @@ How guests are wired and configured is data: orchestrator.lab.vm_config.
   inside that namespace (its fd is opened after setns and handed to QEMU); guests talk to each other over
   UNIX datagram sockets.
 - Host files: each guest mounts the host's `/` read-only (9p, or virtiofs for kernels without 9p) and runs
-  this repository's agent with this interpreter (orchestrator.lab.vm_guest is its PID 1).
+  this repository's agent with this interpreter (orchestrator.lab.vm_guest is its PID 1), wherever both
+  live: those under the guest's tmpfs mounts (a clone in /tmp) are kept visible at their own path.
 - Control: a QEMU user-mode NIC with restrict=on (the guest reaches nothing) forwards 127.0.0.1:PORT to
   the guest's agent: the inventory says tcp://127.0.0.1:PORT.
 Each QEMU is a child of the lab supervisor (PID 1 here reaps nothing); `down` stops them by pid.
@@ -33,7 +34,7 @@ from pathlib import Path
 
 from agents import procs
 from orchestrator.agent_client import AgentClient
-from orchestrator.lab import netns, vm_guest, vm_image
+from orchestrator.lab import netns, vm_guest, vm_image, vm_recipe
 from orchestrator.lab.netns import LAB_PREFIX, STATE_DIR, LabError, inventory_path
 from orchestrator.lab.topology import address_argv, namespace_argv, neigh_argv, netns_topology, route_argv
 from orchestrator.lab.vm_config import (
@@ -45,6 +46,7 @@ from orchestrator.lab.vm_config import (
     guest_nics,
     kernel_cmdline,
     lab_macs,
+    paths_to_keep,
     qemu_argv,
     virtiofsd_argv,
     vm_dir,
@@ -86,7 +88,7 @@ def _qemu_version() -> str:
     return procs.run([QEMU, "--version"]).stdout.splitlines()[0]
 
 
-def choose_accel(image: vm_image.KernelImage) -> str:
+def choose_accel(image: vm_recipe.KernelImage) -> str:
     """KVM only if a test boot with it reaches the initramfs (result cached per host kernel and QEMU)."""
     forced = os.environ.get("TCPLAB_VM_ACCEL")
     if forced in ("tcg", "kvm"):
@@ -111,7 +113,7 @@ def choose_accel(image: vm_image.KernelImage) -> str:
 
 
 def missing_tools() -> list[str]:
-    need = {QEMU: "qemu-system-x86", str(vm_image.BUSYBOX): "busybox-static"}
+    need = {QEMU: "qemu-system-x86", str(vm_recipe.BUSYBOX): "busybox-static"}
     return [f"{tool} (apt: {pkg})" for tool, pkg in need.items() if not shutil.which(tool)]
 
 
@@ -200,7 +202,16 @@ def _prepare_guest_dir(state_dir: Path, role: str, token_file: Path, config: dic
     return gdir
 
 
-def _processes(image: vm_image.KernelImage, accel: str, gdir: Path, name: str, nics: list[Nic],
+def guest_interpreter() -> tuple[str, list[Path]]:
+    """The interpreter the guests run (this one: its directory resolved, its name kept, so a venv is
+    still found by its pyvenv.cfg) and every host directory it and the repository need."""
+    exe = Path(sys.executable)
+    prefixes = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix}
+    needed = [REPO_ROOT, exe.parent.resolve(), exe.resolve().parent, *(Path(p).resolve() for p in prefixes)]
+    return str(exe.parent.resolve() / exe.name), needed
+
+
+def _processes(image: vm_recipe.KernelImage, accel: str, gdir: Path, name: str, nics: list[Nic],
                fds: dict[tuple[str, str], int], role: str, port: int) -> list[dict]:
     """The supervisor's extra children for one guest: [virtiofsd,] QEMU (with its tap fds)."""
     processes = []
@@ -210,7 +221,8 @@ def _processes(image: vm_image.KernelImage, accel: str, gdir: Path, name: str, n
         view.mkdir(exist_ok=True)
         processes.append({"name": f"virtiofsd-{role}", "argv": virtiofsd_argv(view, share_socket),
                           "ready_path": str(share_socket)})
-    cmdline = kernel_cmdline(image.share, gdir / "guest", sys.executable, REPO_ROOT)
+    python, needed = guest_interpreter()
+    cmdline = kernel_cmdline(image.share, gdir / "guest", python, REPO_ROOT, paths_to_keep(needed))
     netdevs = [(nic.netdev(i, fds.get((role, nic.ifname))), nic.mac) for i, nic in enumerate(nics)]
     argv = qemu_argv(image, accel, cmdline, gdir, name, netdevs, port, share_socket,
                      cpus=int(os.environ.get("TCPLAB_VM_SMP", "1")), cpu=os.environ.get("TCPLAB_VM_CPU"))

@@ -1,31 +1,23 @@
-"""Kernel images for the VM lab (`tcplab lab up --kind vm`): fetch a Debian kernel package, unpack it and
-build the guest initramfs.
+"""What a VM-lab kernel image is made of (pure): which Debian kernel package, which of its modules, the
+guest's stage-1 `/init`, the initramfs archive and its name, and the argv of the tools that fetch and
+unpack the package. orchestrator.lab.vm_image runs those tools and writes the files.
 
-Pure parts (package names, module closure, the guest's stage-1 `/init`, the cpio writer, argv builders)
-are kept apart from the effects (apt, dpkg-deb, busybox depmod, files). Everything lands in
-CACHE_ROOT/<package>/<version>/ -- the .deb, vmlinuz, the module subset, and the initramfs named after a
-hash of its recipe -- so a second `lab up --kind vm` builds nothing. The initramfs is lab-independent:
-per-lab facts (state dir, interpreter, repository) reach the guest on the kernel command line and in
-files of the state dir (see orchestrator.lab.vm).
+The initramfs is lab-independent: per-lab facts (the guest-file directory, interpreter, repository, host
+paths to keep visible) reach the guest on the kernel command line (orchestrator.lab.vm_config) and in
+files of the lab's state dir.
 """
 from __future__ import annotations
 
-import fcntl
+import fnmatch
 import gzip
 import hashlib
 import json
 import lzma
-import os
 import re
-import shutil
-import subprocess
-import tempfile
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
-CACHE_ROOT = Path(os.environ.get("TCPLAB_VM_CACHE", "/var/cache/tcplab/vm"))
 DEFAULT_SERIES = "6.1.0"
 # Debian kernel image packages: linux-image-6.1.0-56-amd64 (bookworm), linux-image-6.12.43+deb12-amd64
 PACKAGE_RE = re.compile(r"^linux-image-(?P<abi>\d+\.\d+\.\d+(-\d+|\+deb\d+))-(?P<flavour>amd64|cloud-amd64|rt-amd64)"
@@ -44,6 +36,8 @@ PRELOAD_GLOBS = ["kernel/net/ipv4/tcp_*.ko*"]
 NOT_CC = {"tcp_diag"}
 # copied but loaded on demand (the guest's kernel.modprobe points at a busybox modprobe over this tree)
 AUTOLOAD_GLOBS = ["kernel/net/sched/*.ko*", "kernel/drivers/net/ifb.ko*"]
+# the guest's writable directories: INIT_SCRIPT mounts a tmpfs on each (mode), hiding the host's files there
+GUEST_TMPFS = {"/tmp": "1777", "/var/tmp": "1777", "/run": "0755", "/dev/shm": "1777"}
 
 
 class ImageError(Exception):
@@ -66,7 +60,7 @@ class KernelImage:
                 "build_s": round(self.build_s, 2)}
 
 
-# ---------------------------------------------------------------- pure: names, versions, modules
+# ---------------------------------------------------------------- packages and versions
 def check_package(name: str) -> str:
     """The package name must be one Debian kernel image (not a metapackage such as linux-image-amd64)."""
     if not PACKAGE_RE.match(name):
@@ -85,8 +79,31 @@ def newest_package(names: Iterable[str], series: str = DEFAULT_SERIES, flavour: 
     return best[1] if best else None
 
 
+def apt_version(show: str) -> str | None:
+    """The Version field of `apt-cache show --no-all-versions` output."""
+    m = re.search(r"^Version: (\S+)$", show, re.M)
+    return m.group(1) if m else None
+
+
+def one_release(deb_name: str, releases: list[str]) -> str:
+    """The package's one /lib/modules/<release> (its `uname -r`)."""
+    if len(releases) != 1:
+        raise ImageError(f"{deb_name}: expected one /lib/modules/<release>, found {releases}")
+    return releases[0]
+
+
+def share_for_config(config: str) -> str:
+    """Which sharing method this kernel supports (its /boot/config text)."""
+    if re.search(r"^CONFIG_9P_FS=[ym]$", config, re.M) and re.search(r"^CONFIG_NET_9P_VIRTIO=[ym]$", config, re.M):
+        return "9p"
+    if re.search(r"^CONFIG_VIRTIO_FS=[ym]$", config, re.M):
+        return "virtiofs"
+    raise ImageError("this kernel has neither 9p nor virtiofs: the guest cannot see the host's files")
+
+
+# ---------------------------------------------------------------- modules
 def parse_modules_dep(text: str) -> dict[str, list[str]]:
-    """modules.dep -> {relative path: [dependency paths]}."""
+    """modules.dep -> {relative path: [dependency paths]} (depmod lists every module, with or without deps)."""
     deps = {}
     for line in text.splitlines():
         if ":" in line:
@@ -123,16 +140,48 @@ def closure(deps: dict[str, list[str]], roots: Iterable[str], builtin: Iterable[
     return order
 
 
-def share_for_config(config: str) -> str:
-    """Which sharing method this kernel supports (its /boot/config text)."""
-    if re.search(r"^CONFIG_9P_FS=[ym]$", config, re.M) and re.search(r"^CONFIG_NET_9P_VIRTIO=[ym]$", config, re.M):
-        return "9p"
-    if re.search(r"^CONFIG_VIRTIO_FS=[ym]$", config, re.M):
-        return "virtiofs"
-    raise ImageError("this kernel has neither 9p nor virtiofs: the guest cannot see the host's files")
+def path_matches(path: str, pattern: str) -> bool:
+    """Shell glob over a relative path, `*` within one component (as Path.glob)."""
+    parts, pats = PurePosixPath(path).parts, PurePosixPath(pattern).parts
+    return len(parts) == len(pats) and all(fnmatch.fnmatchcase(a, p) for a, p in zip(parts, pats, strict=True))
 
 
-# ---------------------------------------------------------------- pure: the guest's stage 1
+def globbed(modules: Iterable[str], patterns: list[str]) -> list[str]:
+    """The modules (relative paths) matching any pattern, sorted; tcp_diag is not a congestion control."""
+    return sorted(m for m in set(modules) if any(path_matches(m, p) for p in patterns) and module_name(m) not in NOT_CC)
+
+
+def load_roots(modules: Iterable[str], share: str) -> list[str]:
+    """What stage 1 loads: the boot and share modules, veth, tcp_diag and every congestion control."""
+    return BOOT_MODULES + SHARE_MODULES[share] + PRELOAD_MODULES + globbed(modules, PRELOAD_GLOBS)
+
+
+def load_order(deps: dict[str, list[str]], builtin: Iterable[str], share: str) -> list[str]:
+    """The insmod order of stage 1 (/etc/tcplab/load)."""
+    return closure(deps, load_roots(deps, share), builtin)
+
+
+def subset(deps: dict[str, list[str]], builtin: Iterable[str], share: str) -> set[str]:
+    """The modules kept from the package: what stage 1 loads and what `tc` may load on demand."""
+    return set(load_order(deps, builtin, share)) | set(closure(deps, globbed(deps, AUTOLOAD_GLOBS)))
+
+
+def subset_key() -> str:
+    """Changes when the module lists change: the cached subset is then re-extracted from the .deb."""
+    return hashlib.sha256(json.dumps([BOOT_MODULES, SHARE_MODULES, PRELOAD_MODULES, PRELOAD_GLOBS,
+                                      AUTOLOAD_GLOBS]).encode()).hexdigest()[:12]
+
+
+def uncompressed(rel: str, data: bytes) -> tuple[str, bytes]:
+    """(path, bytes) of a module as kept: 6.12 ships .ko.xz, and busybox insmod takes plain .ko only."""
+    if rel.endswith(".xz"):
+        return rel[:-3], lzma.decompress(data)
+    if rel.endswith(".gz"):
+        return rel[:-3], gzip.decompress(data)
+    return rel, data
+
+
+# ---------------------------------------------------------------- the guest's stage 1
 INIT_SCRIPT = r"""#!/bin/busybox sh
 # tcplab VM guest, stage 1 (initramfs): modules; the host's root file system read-only; tmpfs for the
 # writable directories; then switch_root into that view and exec stage 2 (orchestrator.lab.vm_guest)
@@ -146,13 +195,14 @@ exec </dev/console >/dev/console 2>&1
 fail() { echo "tcplab-init: FAILED: $*"; poweroff -f; }
 rel=$(uname -r)
 for m in $(cat /etc/tcplab/load); do insmod "/lib/modules/$rel/$m" || fail "insmod $m"; done
-share=; guest=; python=; repo=
+share=; guest=; python=; repo=; keep=
 for arg in $(cat /proc/cmdline); do
   case "$arg" in
     tcplab.share=*) share=${arg#*=} ;;
     tcplab.guest=*) guest=${arg#*=} ;;
     tcplab.python=*) python=${arg#*=} ;;
     tcplab.repo=*) repo=${arg#*=} ;;
+    tcplab.keep=*) keep=$(echo "${arg#*=}" | tr , ' ') ;;
     tcplab.probe=1) echo "tcplab-init: probe ok"; poweroff -f ;;
   esac
 done
@@ -163,6 +213,12 @@ case "$share" in
   *) false ;;
 esac || fail "mount the host root over '$share'"
 mkdir -p /guest && cp "/newroot$guest/"* /guest/ || fail "copy $guest"
+# host directories under the tmpfs mounts below (a repository or venv in /tmp): set aside now, put back
+# at their own path on top of the tmpfs at the end
+n=0
+for p in $keep; do
+  n=$((n + 1)); mkdir -p "/keep/$n" && mount --bind "/newroot$p" "/keep/$n" || fail "keep $p"
+done
 mount -t tmpfs -o mode=1777 tmpfs /newroot/tmp || fail "tmpfs /tmp"
 mount -t tmpfs -o mode=1777 tmpfs /newroot/var/tmp || fail "tmpfs /var/tmp"
 mount -t tmpfs -o mode=0755 tmpfs /newroot/run || fail "tmpfs /run"
@@ -175,6 +231,10 @@ printf '#!%s sh\nexec %s chroot %s /bin/busybox modprobe "$@"\n' "$b" "$b" "$w/r
 chmod 0700 "$v/modprobe"
 for d in dev proc sys; do mount --move "/$d" "/newroot/$d" || fail "move /$d"; done
 mkdir -p /newroot/dev/shm && mount -t tmpfs -o mode=1777 tmpfs /newroot/dev/shm
+n=0
+for p in $keep; do
+  n=$((n + 1)); mkdir -p "/newroot$p" && mount --move "/keep/$n" "/newroot$p" || fail "put back $p"
+done
 mount -t tracefs tracefs /newroot/sys/kernel/tracing
 mount -t debugfs debugfs /newroot/sys/kernel/debug
 echo "$w/modprobe" > /newroot/proc/sys/kernel/modprobe
@@ -224,7 +284,23 @@ def recipe_hash(share: str, load: list[str], autoload: list[str], busybox: bytes
     return h.hexdigest()[:12]
 
 
+def initramfs_name(deps: dict[str, list[str]], builtin: Iterable[str], share: str, busybox: bytes) -> str:
+    """The initramfs file name for a module subset (its modules.dep): a hash of everything that goes in,
+    so a code change rebuilds it and an unchanged recipe is found in the cache."""
+    load = load_order(deps, builtin, share)
+    return f"initramfs-{recipe_hash(share, load, sorted(set(deps) - set(load)), busybox)}.cpio"
+
+
+def static_busybox(head: bytes) -> bool:
+    """The first bytes of a busybox binary name no dynamic loader (the initramfs has no libraries)."""
+    return b"/lib64/ld-linux" not in head[:4096]
+
+
 # ---------------------------------------------------------------- argv builders
+def apt_pkgnames_argv(prefix: str = "linux-image-") -> list[str]:
+    return ["apt-cache", "pkgnames", prefix]
+
+
 def apt_download_argv(package: str) -> list[str]:
     return ["apt-get", "download", "-q", "-o", "APT::Sandbox::User=root", package]
 
@@ -239,163 +315,3 @@ def unpack_argv(deb: Path, dest: Path) -> list[str]:
 
 def depmod_argv(base: Path, release: str) -> list[str]:
     return [str(BUSYBOX), "depmod", "-b", str(base), release]
-
-
-# ---------------------------------------------------------------- effects
-def _run(argv: list[str], timeout: float, cwd: Path | None = None) -> str:
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd, check=False)
-    except subprocess.TimeoutExpired:
-        raise ImageError(f"{' '.join(argv)}: no result within {timeout:.0f}s") from None
-    except FileNotFoundError:
-        raise ImageError(f"{argv[0]} is not installed") from None
-    if done.returncode != 0:
-        raise ImageError(f"{' '.join(argv)} exited {done.returncode}: {(done.stderr or done.stdout).strip()}")
-    return done.stdout
-
-
-def _cached_versions(package: str) -> list[Path]:
-    return sorted((CACHE_ROOT / package).glob("*/vmlinuz"), key=lambda p: p.stat().st_mtime)
-
-
-def default_package() -> str:
-    """The newest linux-image-6.1.0-N-amd64 apt knows, else the newest one in the cache."""
-    try:
-        names = _run(["apt-cache", "pkgnames", "linux-image-"], timeout=60).split()
-    except ImageError:
-        names = []
-    found = newest_package(names) or newest_package(p.name for p in CACHE_ROOT.glob("linux-image-*"))
-    if not found:
-        raise ImageError("no linux-image-6.1.0-*-amd64 package known to apt (run apt-get update) or cached "
-                         f"in {CACHE_ROOT}")
-    return found
-
-
-def package_version(package: str) -> str:
-    try:
-        out = _run(apt_version_argv(package), timeout=60)
-        m = re.search(r"^Version: (\S+)$", out, re.M)
-        if m:
-            return m.group(1)
-    except ImageError as exc:
-        cached = _cached_versions(package)
-        if cached:
-            return cached[-1].parent.name
-        raise ImageError(f"apt knows no package {package} (apt-get update?) and none is cached: {exc}") from None
-    raise ImageError(f"apt-cache show {package}: no Version field")
-
-
-def _download(package: str, dest: Path, timeout: float) -> Path:
-    tmp = Path(tempfile.mkdtemp(prefix="download.", dir=dest))
-    try:
-        _run(apt_download_argv(package), timeout=timeout, cwd=tmp)
-        debs = list(tmp.glob("*.deb"))
-        if len(debs) != 1:
-            raise ImageError(f"apt-get download {package} produced {len(debs)} .deb files")
-        final = dest / debs[0].name
-        debs[0].replace(final)
-        return final
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _unpack(deb: Path, vdir: Path, timeout: float) -> None:
-    """vmlinuz, config and the module subset (SHARE/PRELOAD/AUTOLOAD closures) out of the .deb."""
-    tree = Path(tempfile.mkdtemp(prefix="unpack.", dir=vdir))
-    try:
-        _run(unpack_argv(deb, tree), timeout=timeout)
-        releases = [p.name for p in (tree / "lib/modules").iterdir()]
-        if len(releases) != 1:
-            raise ImageError(f"{deb.name}: expected one /lib/modules/<release>, found {releases}")
-        release = releases[0]
-        moddir = tree / "lib/modules" / release
-        shutil.copy(tree / f"boot/vmlinuz-{release}", vdir / "vmlinuz")
-        shutil.copy(tree / f"boot/config-{release}", vdir / "config")
-        _run(depmod_argv(tree, release), timeout=timeout)
-        deps = parse_modules_dep((moddir / "modules.dep").read_text())
-        share = share_for_config((vdir / "config").read_text())
-        builtin = _builtin(moddir)
-        wanted = (set(closure(deps, _load_roots(moddir, share), builtin))
-                  | set(closure(deps, _globbed(moddir, AUTOLOAD_GLOBS))))
-        out = vdir / "lib/modules" / release
-        shutil.rmtree(vdir / "lib", ignore_errors=True)
-        for rel in sorted(wanted):  # uncompressed (6.12 ships .ko.xz): busybox insmod takes them as they are
-            dest = out / re.sub(r"\.(xz|gz)$", "", rel)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            data = (moddir / rel).read_bytes()
-            dest.write_bytes(lzma.decompress(data) if rel.endswith(".xz")
-                             else gzip.decompress(data) if rel.endswith(".gz") else data)
-        for name in ("modules.order", "modules.builtin", "modules.builtin.modinfo"):
-            if (moddir / name).exists():
-                shutil.copy(moddir / name, out / name)
-        _run(depmod_argv(vdir, release), timeout=timeout)  # modules.dep/.alias of the subset
-        (vdir / "release").write_text(release)
-        (vdir / "subset").write_text(subset_key())
-    finally:
-        shutil.rmtree(tree, ignore_errors=True)
-
-
-def subset_key() -> str:
-    """Changes when the module lists change: the cached subset is then re-extracted from the .deb."""
-    return hashlib.sha256(json.dumps([BOOT_MODULES, SHARE_MODULES, PRELOAD_MODULES, PRELOAD_GLOBS,
-                                      AUTOLOAD_GLOBS]).encode()).hexdigest()[:12]
-
-
-def _builtin(moddir: Path) -> list[str]:
-    return (moddir / "modules.builtin").read_text().split() if (moddir / "modules.builtin").exists() else []
-
-
-def _load_roots(moddir: Path, share: str) -> list[str]:
-    return BOOT_MODULES + SHARE_MODULES[share] + PRELOAD_MODULES + _globbed(moddir, PRELOAD_GLOBS)
-
-
-def _globbed(moddir: Path, patterns: list[str]) -> list[str]:
-    found = sorted(str(p.relative_to(moddir)) for pat in patterns for p in moddir.glob(pat))
-    return [f for f in found if module_name(f) not in NOT_CC]
-
-
-def _build_initramfs(vdir: Path, release: str, share: str) -> Path:
-    if not BUSYBOX.exists():
-        raise ImageError(f"{BUSYBOX} missing: install busybox-static (make vm-deps)")
-    busybox = BUSYBOX.read_bytes()
-    if b"/lib64/ld-linux" in busybox[:4096]:
-        raise ImageError(f"{BUSYBOX} is dynamically linked: install busybox-static (make vm-deps)")
-    moddir = vdir / "lib/modules" / release
-    deps = parse_modules_dep((moddir / "modules.dep").read_text())
-    load = closure(deps, _load_roots(moddir, share), _builtin(moddir))
-    autoload = sorted(set(deps) - set(load))
-    path = vdir / f"initramfs-{recipe_hash(share, load, autoload, busybox)}.cpio"
-    if path.exists():
-        return path
-    modules = {rel: (moddir / rel).read_bytes() for rel in deps}
-    extra = {p.name: p.read_bytes() for p in moddir.glob("modules.*")}
-    path.with_suffix(".part").write_bytes(cpio_newc(initramfs_entries(busybox, release, modules, load, extra)))
-    path.with_suffix(".part").replace(path)
-    for old in set(vdir.glob("initramfs-*.cpio")) - {path}:  # an older recipe's (QEMU read it at start)
-        old.unlink()
-    return path
-
-
-def ensure_image(package: str | None = None, timeout_s: float = 600.0) -> KernelImage:
-    """Download/unpack/build what is missing for `package` (default: newest 6.1 generic) and return it."""
-    started = time.monotonic()
-    package = check_package(package or default_package())
-    version = package_version(package)
-    vdir = CACHE_ROOT / package / version
-    vdir.mkdir(parents=True, exist_ok=True)
-    with open(CACHE_ROOT / package / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # two `lab up`s building the same image wait for each other
-        built = False
-        subset = vdir / "subset"
-        if not (vdir / "release").exists() or not subset.exists() or subset.read_text() != subset_key():
-            debs = sorted(vdir.glob("*.deb")) or [_download(package, vdir, timeout_s)]
-            _unpack(debs[0], vdir, timeout_s)
-            built = True
-        release = (vdir / "release").read_text().strip()
-        share = share_for_config((vdir / "config").read_text())
-        before = set(vdir.glob("initramfs-*.cpio"))
-        initramfs = _build_initramfs(vdir, release, share)
-        built |= initramfs not in before
-        (vdir / "vmlinuz").touch()  # newest-used ordering for offline fallback
-    return KernelImage(package, version, release, share, vdir / "vmlinuz", initramfs,
-                       time.monotonic() - started if built else 0.0)

@@ -1,0 +1,182 @@
+"""Kernel images for the VM lab (effects): fetch a Debian kernel package with apt, unpack it with
+dpkg-deb, resolve its modules with busybox depmod, write the module subset and the initramfs.
+
+What goes in (package names, module selection, the stage-1 `/init`, the archive) is decided by the pure
+orchestrator.lab.vm_recipe. Everything lands in CACHE_ROOT/<package>/<version>/ -- the .deb, vmlinuz, the
+module subset, and the initramfs named after a hash of its recipe -- so a second `lab up --kind vm` builds
+nothing.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from orchestrator.lab.vm_recipe import (
+    BUSYBOX,
+    ImageError,
+    KernelImage,
+    apt_download_argv,
+    apt_pkgnames_argv,
+    apt_version,
+    apt_version_argv,
+    check_package,
+    cpio_newc,
+    depmod_argv,
+    initramfs_entries,
+    initramfs_name,
+    load_order,
+    newest_package,
+    one_release,
+    parse_modules_dep,
+    share_for_config,
+    static_busybox,
+    subset,
+    subset_key,
+    uncompressed,
+    unpack_argv,
+)
+
+CACHE_ROOT = Path(os.environ.get("TCPLAB_VM_CACHE", "/var/cache/tcplab/vm"))
+
+
+def _run(argv: list[str], timeout: float, cwd: Path | None = None) -> str:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd, check=False)
+    except subprocess.TimeoutExpired:
+        raise ImageError(f"{' '.join(argv)}: no result within {timeout:.0f}s") from None
+    except FileNotFoundError:
+        raise ImageError(f"{argv[0]} is not installed") from None
+    if done.returncode != 0:
+        raise ImageError(f"{' '.join(argv)} exited {done.returncode}: {(done.stderr or done.stdout).strip()}")
+    return done.stdout
+
+
+def _cached_versions(package: str) -> list[Path]:
+    return sorted((CACHE_ROOT / package).glob("*/vmlinuz"), key=lambda p: p.stat().st_mtime)
+
+
+def default_package() -> str:
+    """The newest linux-image-6.1.0-N-amd64 apt knows, else the newest one in the cache."""
+    try:
+        names = _run(apt_pkgnames_argv(), timeout=60).split()
+    except ImageError:
+        names = []
+    found = newest_package(names) or newest_package(p.name for p in CACHE_ROOT.glob("linux-image-*"))
+    if not found:
+        raise ImageError("no linux-image-6.1.0-*-amd64 package known to apt (run apt-get update) or cached "
+                         f"in {CACHE_ROOT}")
+    return found
+
+
+def package_version(package: str) -> str:
+    """apt's candidate version of `package`; offline, the newest-used cached one."""
+    try:
+        version = apt_version(_run(apt_version_argv(package), timeout=60))
+    except ImageError as exc:
+        cached = _cached_versions(package)
+        if cached:
+            return cached[-1].parent.name
+        raise ImageError(f"apt knows no package {package} (apt-get update?) and none is cached: {exc}") from None
+    if version is None:
+        raise ImageError(f"apt-cache show {package}: no Version field")
+    return version
+
+
+def _download(package: str, dest: Path, timeout: float) -> Path:
+    tmp = Path(tempfile.mkdtemp(prefix="download.", dir=dest))
+    try:
+        _run(apt_download_argv(package), timeout=timeout, cwd=tmp)
+        debs = list(tmp.glob("*.deb"))
+        if len(debs) != 1:
+            raise ImageError(f"apt-get download {package} produced {len(debs)} .deb files")
+        final = dest / debs[0].name
+        debs[0].replace(final)
+        return final
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _read_modules(moddir: Path) -> tuple[dict[str, list[str]], list[str]]:
+    """modules.dep and modules.builtin of a module tree (depmod has run)."""
+    builtin = moddir / "modules.builtin"
+    return (parse_modules_dep((moddir / "modules.dep").read_text()),
+            builtin.read_text().split() if builtin.exists() else [])
+
+
+def _unpack(deb: Path, vdir: Path, timeout: float) -> None:
+    """vmlinuz, config and the module subset (vm_recipe.subset, uncompressed) out of the .deb."""
+    tree = Path(tempfile.mkdtemp(prefix="unpack.", dir=vdir))
+    try:
+        _run(unpack_argv(deb, tree), timeout=timeout)
+        release = one_release(deb.name, [p.name for p in (tree / "lib/modules").iterdir()])
+        moddir = tree / "lib/modules" / release
+        shutil.copy(tree / f"boot/vmlinuz-{release}", vdir / "vmlinuz")
+        shutil.copy(tree / f"boot/config-{release}", vdir / "config")
+        _run(depmod_argv(tree, release), timeout=timeout)
+        deps, builtin = _read_modules(moddir)
+        wanted = subset(deps, builtin, share_for_config((vdir / "config").read_text()))
+        out = vdir / "lib/modules" / release
+        shutil.rmtree(vdir / "lib", ignore_errors=True)
+        for rel in sorted(wanted):
+            name, data = uncompressed(rel, (moddir / rel).read_bytes())
+            (out / name).parent.mkdir(parents=True, exist_ok=True)
+            (out / name).write_bytes(data)
+        for name in ("modules.order", "modules.builtin", "modules.builtin.modinfo"):
+            if (moddir / name).exists():
+                shutil.copy(moddir / name, out / name)
+        _run(depmod_argv(vdir, release), timeout=timeout)  # modules.dep/.alias of the subset
+        (vdir / "release").write_text(release)
+        (vdir / "subset").write_text(subset_key())
+    finally:
+        shutil.rmtree(tree, ignore_errors=True)
+
+
+def _build_initramfs(vdir: Path, release: str, share: str) -> Path:
+    if not BUSYBOX.exists():
+        raise ImageError(f"{BUSYBOX} missing: install busybox-static (make vm-deps)")
+    busybox = BUSYBOX.read_bytes()
+    if not static_busybox(busybox):
+        raise ImageError(f"{BUSYBOX} is dynamically linked: install busybox-static (make vm-deps)")
+    moddir = vdir / "lib/modules" / release
+    deps, builtin = _read_modules(moddir)
+    path = vdir / initramfs_name(deps, builtin, share, busybox)
+    if path.exists():
+        return path
+    modules = {rel: (moddir / rel).read_bytes() for rel in deps}
+    extra = {p.name: p.read_bytes() for p in moddir.glob("modules.*")}
+    load = load_order(deps, builtin, share)
+    path.with_suffix(".part").write_bytes(cpio_newc(initramfs_entries(busybox, release, modules, load, extra)))
+    path.with_suffix(".part").replace(path)
+    for old in set(vdir.glob("initramfs-*.cpio")) - {path}:  # an older recipe's (QEMU read it at start)
+        old.unlink()
+    return path
+
+
+def ensure_image(package: str | None = None, timeout_s: float = 600.0) -> KernelImage:
+    """Download/unpack/build what is missing for `package` (default: newest 6.1 generic) and return it."""
+    started = time.monotonic()
+    package = check_package(package or default_package())
+    version = package_version(package)
+    vdir = CACHE_ROOT / package / version
+    vdir.mkdir(parents=True, exist_ok=True)
+    with open(CACHE_ROOT / package / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two `lab up`s building the same image wait for each other
+        built = False
+        subset_file = vdir / "subset"
+        if not (vdir / "release").exists() or not subset_file.exists() or subset_file.read_text() != subset_key():
+            debs = sorted(vdir.glob("*.deb")) or [_download(package, vdir, timeout_s)]
+            _unpack(debs[0], vdir, timeout_s)
+            built = True
+        release = (vdir / "release").read_text().strip()
+        share = share_for_config((vdir / "config").read_text())
+        before = set(vdir.glob("initramfs-*.cpio"))
+        initramfs = _build_initramfs(vdir, release, share)
+        built |= initramfs not in before
+        (vdir / "vmlinuz").touch()  # newest-used ordering for offline fallback
+    return KernelImage(package, version, release, share, vdir / "vmlinuz", initramfs,
+                       time.monotonic() - started if built else 0.0)
