@@ -6,8 +6,8 @@ exactly as in the netns lab (same names, addresses, `to-aqm` interfaces, agents 
 guests too when chosen, so that the senders run the guest kernel (dctcp, a patched congestion control).
 How guests are wired and configured is data: orchestrator.lab.vm_config.
 - No data interface or address ever exists in the root namespace: a tap toward a namespace is created
-  inside that namespace (its fd is opened after setns and handed to QEMU); guests talk to each other over
-  UNIX datagram sockets.
+  inside that namespace (vm_host.open_tap: its fd is opened after setns and handed to QEMU); guests talk
+  to each other over UNIX datagram sockets.
 - Host files: each guest mounts the host's `/` read-only (9p, or virtiofs for kernels without 9p) and runs
   this repository's agent with this interpreter (orchestrator.lab.vm_guest is its PID 1), wherever both
   live: those under the guest's tmpfs mounts (a clone in /tmp) are kept visible at their own path.
@@ -18,15 +18,10 @@ Each QEMU is a child of the lab supervisor (PID 1 here reaps nothing); `down` st
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import fcntl
 import json
-import logging
 import os
 import secrets
 import shutil
-import socket
-import struct
 import subprocess
 import sys
 import time
@@ -39,7 +34,6 @@ from orchestrator.lab.netns import LAB_PREFIX, STATE_DIR, LabError, inventory_pa
 from orchestrator.lab.topology import address_argv, namespace_argv, neigh_argv, netns_topology, route_argv
 from orchestrator.lab.vm_config import (
     EXEC_SOCKET,
-    QEMU,
     Nic,
     check_vm_roles,
     guest_config,
@@ -51,70 +45,9 @@ from orchestrator.lab.vm_config import (
     virtiofsd_argv,
     vm_dir,
 )
+from orchestrator.lab.vm_host import REPO_ROOT, choose_accel, free_ports, guest_interpreter, missing_tools, open_tap
 
-log = logging.getLogger("tcplab.lab")
-REPO_ROOT = Path(__file__).resolve().parents[2]
-TUNSETIFF, IFF_TAP, IFF_NO_PI, CLONE_NEWNET = 0x400454CA, 0x0002, 0x1000, 0x40000000
 VM_PROCESSES = ("qemu-", "virtiofsd-")  # supervisor children of a guest, named <kind>-<role>
-
-
-def open_tap(namespace: str, ifname: str) -> int:
-    """A tap named `ifname` created inside `namespace` (it lives as long as an fd to it is open)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    own = os.open("/proc/self/ns/net", os.O_RDONLY)
-    target = os.open(f"/run/netns/{namespace}", os.O_RDONLY)
-    try:
-        if libc.setns(target, CLONE_NEWNET) != 0:
-            raise LabError(f"setns {namespace}: {os.strerror(ctypes.get_errno())}")
-        try:
-            fd = os.open("/dev/net/tun", os.O_RDWR)
-            fcntl.ioctl(fd, TUNSETIFF, struct.pack("16sH22x", ifname.encode(), IFF_TAP | IFF_NO_PI))
-        finally:
-            if libc.setns(own, CLONE_NEWNET) != 0:  # never leave this process in the lab namespace
-                raise SystemExit(f"setns back to the root namespace failed: {os.strerror(ctypes.get_errno())}")
-    finally:
-        os.close(own)
-        os.close(target)
-    return fd
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _qemu_version() -> str:
-    return procs.run([QEMU, "--version"]).stdout.splitlines()[0]
-
-
-def choose_accel(image: vm_recipe.KernelImage) -> str:
-    """KVM only if a test boot with it reaches the initramfs (result cached per host kernel and QEMU)."""
-    forced = os.environ.get("TCPLAB_VM_ACCEL")
-    if forced in ("tcg", "kvm"):
-        return forced
-    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
-        return "tcg"
-    key = f"{os.uname().release} {_qemu_version()}"
-    cache = vm_image.CACHE_ROOT / "accel.json"
-    known = json.loads(cache.read_text()) if cache.exists() else {}
-    if key not in known:
-        argv = [QEMU, "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-accel", "kvm",
-                "-cpu", "host", "-m", "256", "-kernel", str(image.vmlinuz), "-initrd", str(image.initramfs),
-                "-append", "console=ttyS0 panic=-1 tcplab.probe=1", "-serial", "stdio"]
-        try:
-            out = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False).stdout
-        except subprocess.TimeoutExpired:
-            out = ""
-        known[key] = "kvm" if "tcplab-init: probe ok" in out else "tcg"
-        cache.write_text(json.dumps(known, indent=2))
-        log.info("kvm test boot: %s", known[key])
-    return known[key]
-
-
-def missing_tools() -> list[str]:
-    need = {QEMU: "qemu-system-x86", str(vm_recipe.BUSYBOX): "busybox-static"}
-    return [f"{tool} (apt: {pkg})" for tool, pkg in need.items() if not shutil.which(tool)]
 
 
 def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, kernel: str | None = None,
@@ -182,14 +115,6 @@ def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, kernel: str | None
         raise
 
 
-def free_ports(count: int) -> list[int]:
-    ports: list[int] = []
-    while len(ports) < count:
-        if (port := free_port()) not in ports:
-            ports.append(port)
-    return ports
-
-
 def _prepare_guest_dir(state_dir: Path, role: str, token_file: Path, config: dict) -> Path:
     """<state>/vm-<role>/, with guest/ (0700: token 0600, guest.json) that the guest copies at boot."""
     gdir = vm_dir(state_dir, role)
@@ -200,15 +125,6 @@ def _prepare_guest_dir(state_dir: Path, role: str, token_file: Path, config: dic
     for stale in [*gdir.glob("*.sock"), gdir / "console.log"]:
         stale.unlink(missing_ok=True)
     return gdir
-
-
-def guest_interpreter() -> tuple[str, list[Path]]:
-    """The interpreter the guests run (this one: its directory resolved, its name kept, so a venv is
-    still found by its pyvenv.cfg) and every host directory it and the repository need."""
-    exe = Path(sys.executable)
-    prefixes = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix}
-    needed = [REPO_ROOT, exe.parent.resolve(), exe.resolve().parent, *(Path(p).resolve() for p in prefixes)]
-    return str(exe.parent.resolve() / exe.name), needed
 
 
 def _processes(image: vm_recipe.KernelImage, accel: str, gdir: Path, name: str, nics: list[Nic],

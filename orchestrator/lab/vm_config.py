@@ -174,6 +174,13 @@ def qemu_argv(image: KernelImage, accel: str, cmdline: str, guest_state: Path, n
     return argv + ["-netdev", ctl, "-device", f"virtio-net-pci,netdev=ctl,mac={CONTROL_MAC},romfile="]
 
 
+def kvm_probe_argv(image: KernelImage) -> list[str]:
+    """A test boot with KVM that stage 1 ends at once with vm_recipe.PROBE_OK on stdout (tcplab.probe=1)."""
+    return [QEMU, "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-accel", "kvm", "-cpu", "host",
+            "-m", "256", "-kernel", str(image.vmlinuz), "-initrd", str(image.initramfs),
+            "-append", "console=ttyS0 panic=-1 tcplab.probe=1", "-serial", "stdio"]
+
+
 def virtiofsd_argv(view: Path, socket_path: Path) -> list[str]:
     """virtiofsd (QEMU 7.2's C daemon has no read-only mode) serving a read-only bind of the host's `/`
     made in a private mount namespace: the guest cannot write the host through it."""

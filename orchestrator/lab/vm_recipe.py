@@ -38,6 +38,7 @@ NOT_CC = {"tcp_diag"}
 AUTOLOAD_GLOBS = ["kernel/net/sched/*.ko*", "kernel/drivers/net/ifb.ko*"]
 # the guest's writable directories: INIT_SCRIPT mounts a tmpfs on each (mode), hiding the host's files there
 GUEST_TMPFS = {"/tmp": "1777", "/var/tmp": "1777", "/run": "0755", "/dev/shm": "1777"}
+PROBE_OK = "tcplab-init: probe ok"  # what INIT_SCRIPT prints and powers off with `tcplab.probe=1` (KVM test)
 
 
 class ImageError(Exception):

@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import text
 
 from orchestrator.agent_client import AgentClient
-from orchestrator.lab import netns, vm, vm_config
+from orchestrator.lab import netns, vm, vm_config, vm_host
 from orchestrator.lab.vm_config import vm_dir
 from schemas import protocol
 from tests.lab.conftest import run_lab_plan, vm_lab_up
@@ -60,12 +60,12 @@ def test_the_guest_runs_this_repository_wherever_it_lives(vm_lab):
     """The guest runs this checkout with this interpreter; from a clone under /tmp (the guest's tmpfs would
     hide it) stage 1 keeps it visible, read-only, at its own path on top of a writable tmpfs."""
     _, state_dir = vm_lab
-    python, needed = vm.guest_interpreter()
+    python, needed = vm_host.guest_interpreter()
     where = vm.guest_exec([python, "-c", "import orchestrator, sys; print(orchestrator.__file__, sys.prefix)"],
                           state_dir, timeout_s=90)
     assert where.returncode == 0, where.stderr
     module, prefix = where.stdout.split()
-    assert Path(module) == vm.REPO_ROOT / "orchestrator" / "__init__.py"
+    assert Path(module) == vm_host.REPO_ROOT / "orchestrator" / "__init__.py"
     assert Path(prefix).resolve() == Path(sys.prefix).resolve()
     mounts = {fields[1]: (fields[2], fields[3].split(",")) for fields in
               (line.split() for line in vm.guest_exec(["cat", "/proc/mounts"], state_dir).stdout.splitlines())}

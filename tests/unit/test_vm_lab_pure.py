@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.lab import vm, vm_config, vm_guest, vm_recipe
+from orchestrator.lab import vm_config, vm_guest, vm_host, vm_recipe
 from orchestrator.lab.netns import LabError
 from orchestrator.lab.topology import netns_topology
 
@@ -266,11 +266,15 @@ def test_stage_1_mounts_tmpfs_where_the_lab_says_and_keeps_paths_across_them():
     assert script.index("hostroot /newroot") < set_aside < min(mounts) and max(mounts) < put_back
     assert put_back < script.index("exec switch_root")
     assert "tcplab.keep=*) keep=$(echo \"${arg#*=}\" | tr , ' ')" in script
+    image = vm_recipe.KernelImage("linux-image-6.1.0-1-amd64", "1", "6.1.0-1-amd64", "9p", Path("/k"), Path("/i"))
+    probe = vm_config.kvm_probe_argv(image)  # the KVM test boot looks for what stage 1 prints when asked
+    assert "tcplab.probe=1" in probe[probe.index("-append") + 1].split() and "kvm" in probe
+    assert f'tcplab.probe=1) echo "{vm_recipe.PROBE_OK}"; poweroff -f' in script
 
 
 def test_the_guest_interpreter_is_this_one_and_finds_its_venv():
-    python, needed = vm.guest_interpreter()
-    assert Path(python).parent == Path(python).parent.resolve() and vm.REPO_ROOT in needed
+    python, needed = vm_host.guest_interpreter()
+    assert Path(python).parent == Path(python).parent.resolve() and vm_host.REPO_ROOT in needed
     assert all(p == p.resolve() for p in needed)
     out = subprocess.run([python, "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True,
                          check=True).stdout.strip()
