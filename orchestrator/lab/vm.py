@@ -6,10 +6,11 @@ exactly as in the netns lab (same names, addresses, `to-aqm` interfaces, agents 
 guests too when chosen, so that the senders run the guest kernel (dctcp, a patched congestion control).
 How guests are wired and configured is data: orchestrator.lab.vm_config.
 - No data interface or address ever exists in the root namespace: a tap toward a namespace is created
-  inside that namespace (its fd is opened after setns and handed to QEMU); guests talk to each other over
-  UNIX datagram sockets.
+  inside that namespace (vm_host.open_tap: its fd is opened after setns and handed to QEMU); guests talk
+  to each other over UNIX datagram sockets.
 - Host files: each guest mounts the host's `/` read-only (9p, or virtiofs for kernels without 9p) and runs
-  this repository's agent with this interpreter (orchestrator.lab.vm_guest is its PID 1).
+  this repository's agent with this interpreter (orchestrator.lab.vm_guest is its PID 1), wherever both
+  live: those under the guest's tmpfs mounts (a clone in /tmp) are kept visible at their own path.
 - Control: a QEMU user-mode NIC with restrict=on (the guest reaches nothing) forwards 127.0.0.1:PORT to
   the guest's agent: the inventory says tcp://127.0.0.1:PORT.
 Each QEMU is a child of the lab supervisor (PID 1 here reaps nothing); `down` stops them by pid.
@@ -17,102 +18,36 @@ Each QEMU is a child of the lab supervisor (PID 1 here reaps nothing); `down` st
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import fcntl
 import json
-import logging
 import os
 import secrets
 import shutil
-import socket
-import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from orchestrator.agent_client import AgentClient
-from orchestrator.lab import netns, vm_guest, vm_image
+from orchestrator.lab import netns, vm_guest, vm_image, vm_recipe
 from orchestrator.lab.netns import LAB_PREFIX, STATE_DIR, LabError, inventory_path
 from orchestrator.lab.topology import address_argv, namespace_argv, neigh_argv, netns_topology, route_argv
 from orchestrator.lab.vm_config import (
     EXEC_SOCKET,
-    QEMU,
     Nic,
     check_vm_roles,
     guest_config,
     guest_nics,
     kernel_cmdline,
     lab_macs,
+    paths_to_keep,
     qemu_argv,
     virtiofsd_argv,
     vm_dir,
 )
+from orchestrator.lab.vm_host import REPO_ROOT, choose_accel, free_ports, guest_interpreter, missing_tools, open_tap
 from schemas import procs
 
-log = logging.getLogger("tcplab.lab")
-REPO_ROOT = Path(__file__).resolve().parents[2]
-TUNSETIFF, IFF_TAP, IFF_NO_PI, CLONE_NEWNET = 0x400454CA, 0x0002, 0x1000, 0x40000000
 VM_PROCESSES = ("qemu-", "virtiofsd-")  # supervisor children of a guest, named <kind>-<role>
-
-
-def open_tap(namespace: str, ifname: str) -> int:
-    """A tap named `ifname` created inside `namespace` (it lives as long as an fd to it is open)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    own = os.open("/proc/self/ns/net", os.O_RDONLY)
-    target = os.open(f"/run/netns/{namespace}", os.O_RDONLY)
-    try:
-        if libc.setns(target, CLONE_NEWNET) != 0:
-            raise LabError(f"setns {namespace}: {os.strerror(ctypes.get_errno())}")
-        try:
-            fd = os.open("/dev/net/tun", os.O_RDWR)
-            fcntl.ioctl(fd, TUNSETIFF, struct.pack("16sH22x", ifname.encode(), IFF_TAP | IFF_NO_PI))
-        finally:
-            if libc.setns(own, CLONE_NEWNET) != 0:  # never leave this process in the lab namespace
-                raise SystemExit(f"setns back to the root namespace failed: {os.strerror(ctypes.get_errno())}")
-    finally:
-        os.close(own)
-        os.close(target)
-    return fd
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _qemu_version() -> str:
-    return procs.run([QEMU, "--version"]).stdout.splitlines()[0]
-
-
-def choose_accel(image: vm_image.KernelImage) -> str:
-    """KVM only if a test boot with it reaches the initramfs (result cached per host kernel and QEMU)."""
-    forced = os.environ.get("TCPLAB_VM_ACCEL")
-    if forced in ("tcg", "kvm"):
-        return forced
-    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
-        return "tcg"
-    key = f"{os.uname().release} {_qemu_version()}"
-    cache = vm_image.CACHE_ROOT / "accel.json"
-    known = json.loads(cache.read_text()) if cache.exists() else {}
-    if key not in known:
-        argv = [QEMU, "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-accel", "kvm",
-                "-cpu", "host", "-m", "256", "-kernel", str(image.vmlinuz), "-initrd", str(image.initramfs),
-                "-append", "console=ttyS0 panic=-1 tcplab.probe=1", "-serial", "stdio"]
-        try:
-            out = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False).stdout
-        except subprocess.TimeoutExpired:
-            out = ""
-        known[key] = "kvm" if "tcplab-init: probe ok" in out else "tcg"
-        cache.write_text(json.dumps(known, indent=2))
-        log.info("kvm test boot: %s", known[key])
-    return known[key]
-
-
-def missing_tools() -> list[str]:
-    need = {QEMU: "qemu-system-x86", str(vm_image.BUSYBOX): "busybox-static"}
-    return [f"{tool} (apt: {pkg})" for tool, pkg in need.items() if not shutil.which(tool)]
 
 
 def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, kernel: str | None = None,
@@ -180,14 +115,6 @@ def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, kernel: str | None
         raise
 
 
-def free_ports(count: int) -> list[int]:
-    ports: list[int] = []
-    while len(ports) < count:
-        if (port := free_port()) not in ports:
-            ports.append(port)
-    return ports
-
-
 def _prepare_guest_dir(state_dir: Path, role: str, token_file: Path, config: dict) -> Path:
     """<state>/vm-<role>/, with guest/ (0700: token 0600, guest.json) that the guest copies at boot."""
     gdir = vm_dir(state_dir, role)
@@ -200,7 +127,7 @@ def _prepare_guest_dir(state_dir: Path, role: str, token_file: Path, config: dic
     return gdir
 
 
-def _processes(image: vm_image.KernelImage, accel: str, gdir: Path, name: str, nics: list[Nic],
+def _processes(image: vm_recipe.KernelImage, accel: str, gdir: Path, name: str, nics: list[Nic],
                fds: dict[tuple[str, str], int], role: str, port: int) -> list[dict]:
     """The supervisor's extra children for one guest: [virtiofsd,] QEMU (with its tap fds)."""
     processes = []
@@ -210,7 +137,8 @@ def _processes(image: vm_image.KernelImage, accel: str, gdir: Path, name: str, n
         view.mkdir(exist_ok=True)
         processes.append({"name": f"virtiofsd-{role}", "argv": virtiofsd_argv(view, share_socket),
                           "ready_path": str(share_socket)})
-    cmdline = kernel_cmdline(image.share, gdir / "guest", sys.executable, REPO_ROOT)
+    python, needed = guest_interpreter()
+    cmdline = kernel_cmdline(image.share, gdir / "guest", python, REPO_ROOT, paths_to_keep(needed))
     netdevs = [(nic.netdev(i, fds.get((role, nic.ifname))), nic.mac) for i, nic in enumerate(nics)]
     argv = qemu_argv(image, accel, cmdline, gdir, name, netdevs, port, share_socket,
                      cpus=int(os.environ.get("TCPLAB_VM_SMP", "1")), cpu=os.environ.get("TCPLAB_VM_CPU"))

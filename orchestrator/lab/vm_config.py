@@ -12,20 +12,21 @@ point to point, and never touches the root namespace:
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.lab.netns import AGENT_ARTIFACTS, LabError
 from orchestrator.lab.topology import Endpoint, Topology, routes
 from orchestrator.lab.vm_guest import EXEC_PORT
-from orchestrator.lab.vm_image import KernelImage
+from orchestrator.lab.vm_recipe import GUEST_TMPFS, KernelImage
 
 QEMU = "qemu-system-x86_64"
 VIRTIOFSD = "/usr/lib/qemu/virtiofsd"  # QEMU 7.2's C daemon (package qemu-system-common)
 CONTROL_MAC, CONTROL_ADDR = "52:54:00:7c:00:fe", "10.0.2.15"  # QEMU user-mode network defaults (per guest)
 CLOCK_ADDR, CLOCK_PORT = "10.0.2.100", 37  # guestfwd: each connection runs `date` on the host
-GUEST_TMPFS = ("/tmp", "/var/tmp", "/run", "/dev/shm")  # vm_image.INIT_SCRIPT mounts these
 SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/+-]*$")  # goes onto the kernel command line and into -serial file:
+CMDLINE_MAX = 2047  # x86 COMMAND_LINE_SIZE (2048) with its NUL
 EXEC_SOCKET = "exec.sock"
 
 
@@ -116,18 +117,35 @@ def guest_config(topo: Topology, role: str, port: int, macs: dict[tuple[str, str
             "clock": [CLOCK_ADDR, CLOCK_PORT], "agent": agent}
 
 
-def kernel_cmdline(share: str, guest_dir: Path, python: str, repo: Path) -> str:
-    for path in (str(guest_dir), python, str(repo)):
+def paths_to_keep(needed: Iterable[Path]) -> list[str]:
+    """Of the host directories the guest runs from (the repository, the interpreter's prefixes; resolved,
+    absolute), those its tmpfs mounts would hide -- a clone or venv under /tmp. Stage 1 sets them aside
+    before mounting the tmpfs and puts them back at their own path on top of it, so the absolute paths
+    a venv and an editable install record stay valid. Nested ones are covered by their parent."""
+    hidden = sorted({str(p) for p in needed if any(str(p) == d or str(p).startswith(f"{d}/") for d in GUEST_TMPFS)})
+    for path in hidden:
+        if path in GUEST_TMPFS:
+            raise LabError(f"{path}: the guests mount tmpfs there; the repository and the interpreter must "
+                           "live in a directory of their own (e.g. a clone under it)")
+    return [p for p in hidden if not any(p.startswith(f"{q}/") for q in hidden)]
+
+
+def kernel_cmdline(share: str, guest_dir: Path, python: str, repo: Path, keep: Sequence[str] = ()) -> str:
+    """The guest's command line: the console, and where stage 1 finds its files (paths only: the token
+    is never here, /proc/cmdline is world-readable). `keep`: host paths to keep visible (paths_to_keep)."""
+    for path in (str(guest_dir), python, str(repo), *keep):
         if not SAFE_PATH.match(path):
             raise LabError(f"{path!r}: the VM lab needs paths without spaces, commas or shell characters")
-    for path in (python, str(Path(python).resolve()), str(repo)):
-        if any(path == d or path.startswith(f"{d}/") for d in GUEST_TMPFS):
-            raise LabError(f"{path}: the guests mount tmpfs over {', '.join(GUEST_TMPFS)} and could not run it; "
-                           "use an interpreter and repository outside them")
     # clocksource=hpet: QEMU's HPET runs on the host's clock; the guest's own TSC calibration under TCG is
     # ~10 ppm off (0.7 ms/min of drift), HPET reads cost no measurable throughput
-    return (f"console=ttyS0 panic=-1 quiet mitigations=off clocksource=hpet tcplab.share={share} "
+    line = (f"console=ttyS0 panic=-1 quiet mitigations=off clocksource=hpet tcplab.share={share} "
             f"tcplab.guest={guest_dir} tcplab.python={python} tcplab.repo={repo}")
+    if keep:
+        line += f" tcplab.keep={','.join(keep)}"
+    if len(line) > CMDLINE_MAX:
+        raise LabError(f"the guest's kernel command line would be {len(line)} characters (at most {CMDLINE_MAX}): "
+                       "use shorter paths for the lab's state dir, the interpreter and the repository")
+    return line
 
 
 def qemu_argv(image: KernelImage, accel: str, cmdline: str, guest_state: Path, name: str,
@@ -154,6 +172,13 @@ def qemu_argv(image: KernelImage, accel: str, cmdline: str, guest_state: Path, n
     ctl = (f"user,id=ctl,restrict=on,ipv6=off,hostfwd=tcp:127.0.0.1:{port}-{CONTROL_ADDR}:{port},"
            f"guestfwd=tcp:{CLOCK_ADDR}:{CLOCK_PORT}-cmd:date +%s%N")
     return argv + ["-netdev", ctl, "-device", f"virtio-net-pci,netdev=ctl,mac={CONTROL_MAC},romfile="]
+
+
+def kvm_probe_argv(image: KernelImage) -> list[str]:
+    """A test boot with KVM that stage 1 ends at once with vm_recipe.PROBE_OK on stdout (tcplab.probe=1)."""
+    return [QEMU, "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-accel", "kvm", "-cpu", "host",
+            "-m", "256", "-kernel", str(image.vmlinuz), "-initrd", str(image.initramfs),
+            "-append", "console=ttyS0 panic=-1 tcplab.probe=1", "-serial", "stdio"]
 
 
 def virtiofsd_argv(view: Path, socket_path: Path) -> list[str]:

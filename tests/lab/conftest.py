@@ -55,12 +55,12 @@ def lab(tmp_path_factory) -> Iterator[tuple[Inventory, Path]]:
 
 def vm_unavailable() -> str | None:
     """Why the VM lab cannot run here (None: it can). It installs nothing: `make vm-deps` does."""
-    from orchestrator.lab import vm
+    from orchestrator.lab import vm_host
 
     reason = lab_unavailable()
     if reason:
         return reason
-    if missing := vm.missing_tools():
+    if missing := vm_host.missing_tools():
         return f"the VM lab needs {', '.join(missing)}: run `make vm-deps`"
     if not os.path.exists("/dev/net/tun"):
         return "the VM lab needs /dev/net/tun"

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import pytest
 from sqlalchemy import text
 
 from orchestrator.agent_client import AgentClient
-from orchestrator.lab import netns, vm
+from orchestrator.lab import netns, vm, vm_config, vm_host
 from orchestrator.lab.vm_config import vm_dir
 from schemas import protocol
 from tests.lab.conftest import run_lab_plan, vm_lab_up
@@ -53,6 +54,24 @@ def test_status_and_inventory(vm_lab):
     addrs = vm.guest_exec(["ip", "-j", "addr", "show"], state_dir)
     by_name = {i["ifname"]: [a["local"] for a in i["addr_info"]] for i in json.loads(addrs.stdout)}
     assert "10.199.1.254" in by_name["to-client"] and "10.199.2.254" in by_name["to-server"]
+
+
+def test_the_guest_runs_this_repository_wherever_it_lives(vm_lab):
+    """The guest runs this checkout with this interpreter; from a clone under /tmp (the guest's tmpfs would
+    hide it) stage 1 keeps it visible, read-only, at its own path on top of a writable tmpfs."""
+    _, state_dir = vm_lab
+    python, needed = vm_host.guest_interpreter()
+    where = vm.guest_exec([python, "-c", "import orchestrator, sys; print(orchestrator.__file__, sys.prefix)"],
+                          state_dir, timeout_s=90)
+    assert where.returncode == 0, where.stderr
+    module, prefix = where.stdout.split()
+    assert Path(module) == vm_host.REPO_ROOT / "orchestrator" / "__init__.py"
+    assert Path(prefix).resolve() == Path(sys.prefix).resolve()
+    mounts = {fields[1]: (fields[2], fields[3].split(",")) for fields in
+              (line.split() for line in vm.guest_exec(["cat", "/proc/mounts"], state_dir).stdout.splitlines())}
+    assert mounts["/tmp"][0] == "tmpfs" and "rw" in mounts["/tmp"][1]
+    for kept in vm_config.paths_to_keep(needed):  # e.g. /tmp/tcplab-clone; none for a repository in /work
+        assert mounts[kept][0] in ("9p", "virtiofs") and "ro" in mounts[kept][1], mounts.get(kept)
 
 
 def test_hello_reports_the_guest_kernel_and_its_qdiscs(vm_lab):

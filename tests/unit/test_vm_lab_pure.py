@@ -1,11 +1,16 @@
-"""The VM lab's pure parts: package names, module closure, initramfs archive, guest config, QEMU argv."""
+"""The VM lab's pure parts: package names and versions, module selection, the stage-1 script, the initramfs
+archive and its name, guest config, the kernel command line (paths kept visible under the guest's tmpfs),
+QEMU argv. Module lists are literal busybox depmod output of Debian kernel packages (tests/fixtures/vm)."""
 from __future__ import annotations
 
+import lzma
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from orchestrator.lab import vm_config, vm_guest, vm_image
+from orchestrator.lab import vm_config, vm_guest, vm_host, vm_recipe
 from orchestrator.lab.netns import LabError
 from orchestrator.lab.topology import netns_topology
 
@@ -13,34 +18,106 @@ from orchestrator.lab.topology import netns_topology
 def test_newest_package_picks_the_highest_abi_of_the_flavour():
     names = ["linux-image-6.1.0-9-amd64", "linux-image-6.1.0-56-amd64", "linux-image-6.1.0-56-cloud-amd64",
              "linux-image-6.1.0-100-rt-amd64", "linux-image-6.12.12-amd64", "linux-image-amd64"]
-    assert vm_image.newest_package(names) == "linux-image-6.1.0-56-amd64"
-    assert vm_image.newest_package(names, flavour="cloud-amd64") == "linux-image-6.1.0-56-cloud-amd64"
-    assert vm_image.newest_package([]) is None
+    assert vm_recipe.newest_package(names) == "linux-image-6.1.0-56-amd64"
+    assert vm_recipe.newest_package(names, flavour="cloud-amd64") == "linux-image-6.1.0-56-cloud-amd64"
+    assert vm_recipe.newest_package([]) is None
 
 
 @pytest.mark.parametrize("name", ["linux-image-amd64", "linux-image-6.1.0-56-amd64; rm -rf /", "nginx", ""])
 def test_check_package_refuses_anything_but_one_kernel_image(name):
-    with pytest.raises(vm_image.ImageError):
-        vm_image.check_package(name)
+    with pytest.raises(vm_recipe.ImageError):
+        vm_recipe.check_package(name)
 
 
 def test_closure_lists_dependencies_first_and_names_missing_modules():
-    deps = vm_image.parse_modules_dep(
+    deps = vm_recipe.parse_modules_dep(
         "kernel/fs/9p/9p.ko: kernel/fs/netfs/netfs.ko kernel/net/9p/9pnet.ko\n"
         "kernel/net/9p/9pnet.ko:\nkernel/fs/netfs/netfs.ko: kernel/fs/fscache/fscache.ko\n"
         "kernel/fs/fscache/fscache.ko:\nkernel/net/9p/9pnet_virtio.ko: kernel/net/9p/9pnet.ko\n")
-    order = vm_image.closure(deps, ["9pnet_virtio", "9p"])
+    order = vm_recipe.closure(deps, ["9pnet_virtio", "9p"])
     assert order == ["kernel/net/9p/9pnet.ko", "kernel/net/9p/9pnet_virtio.ko", "kernel/fs/fscache/fscache.ko",
                      "kernel/fs/netfs/netfs.ko", "kernel/fs/9p/9p.ko"]
-    with pytest.raises(vm_image.ImageError, match="sch_dualpi2"):
-        vm_image.closure(deps, ["sch_dualpi2"])
+    with pytest.raises(vm_recipe.ImageError, match="sch_dualpi2"):
+        vm_recipe.closure(deps, ["sch_dualpi2"])
 
 
 def test_share_follows_the_kernel_config():
-    assert vm_image.share_for_config("CONFIG_9P_FS=m\nCONFIG_NET_9P_VIRTIO=m\nCONFIG_VIRTIO_FS=m\n") == "9p"
-    assert vm_image.share_for_config("# CONFIG_9P_FS is not set\nCONFIG_VIRTIO_FS=m\n") == "virtiofs"
-    with pytest.raises(vm_image.ImageError):
-        vm_image.share_for_config("CONFIG_EXT4_FS=y\n")
+    assert vm_recipe.share_for_config("CONFIG_9P_FS=m\nCONFIG_NET_9P_VIRTIO=m\nCONFIG_VIRTIO_FS=m\n") == "9p"
+    assert vm_recipe.share_for_config("# CONFIG_9P_FS is not set\nCONFIG_VIRTIO_FS=m\n") == "virtiofs"
+    with pytest.raises(vm_recipe.ImageError):
+        vm_recipe.share_for_config("CONFIG_EXT4_FS=y\n")
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vm"
+DEP_61 = vm_recipe.parse_modules_dep((FIXTURES / "modules.dep-6.1.0-56-amd64-subset").read_text())
+DEP_612 = vm_recipe.parse_modules_dep((FIXTURES / "modules.dep-6.12.117+deb12-amd64-excerpt").read_text())
+BUILTIN_612 = (FIXTURES / "modules.builtin-6.12.117+deb12-amd64").read_text().split()
+
+
+def test_the_candidate_version_comes_from_apt_cache_show():
+    show = (FIXTURES / "apt-cache-show-linux-image-6.1.0-56-amd64.txt").read_text()
+    assert vm_recipe.apt_version(show) == "6.1.192-2"
+    assert vm_recipe.apt_version("Package: linux-image-6.1.0-56-amd64\n") is None
+    assert vm_recipe.one_release("k.deb", ["6.1.0-56-amd64"]) == "6.1.0-56-amd64"
+    with pytest.raises(vm_recipe.ImageError, match="expected one"):
+        vm_recipe.one_release("k.deb", ["6.1.0-56-amd64", "6.1.0-55-amd64"])
+
+
+def _before_dependents(order: list[str], deps: dict[str, list[str]]) -> bool:
+    return all(order.index(d) < order.index(m) for m in order for d in deps[m])
+
+
+def test_stage_1_loads_the_boot_modules_and_every_congestion_control_dependencies_first():
+    order = vm_recipe.load_order(DEP_61, [], "9p")
+    names = [vm_recipe.module_name(m) for m in order]
+    assert _before_dependents(order, DEP_61)
+    assert names.index("virtio") < names.index("virtio_pci") < names.index("virtio_net")
+    assert {"9p", "9pnet_virtio", "veth", "tcp_diag", "inet_diag"} <= set(names)
+    ccs = {n for n in names if n.startswith("tcp_") and n != "tcp_diag"}
+    assert {"tcp_dctcp", "tcp_bbr", "tcp_vegas", "tcp_westwood"} <= ccs and len(ccs) == 15
+    assert not any(n.startswith("sch_") for n in names), "qdiscs load on demand, not at boot"
+
+
+def test_the_kept_subset_is_closed_so_the_initramfs_recomputes_it_from_its_own_modules_dep():
+    # _build_initramfs reads the kept tree's modules.dep: everything in it is either loaded or on demand
+    assert vm_recipe.subset(DEP_61, [], "9p") == set(DEP_61)
+
+
+def test_6_12_ships_xz_modules_and_builds_some_boot_modules_in():
+    kept = vm_recipe.subset(DEP_612, BUILTIN_612, "9p")
+    assert all(m.endswith(".ko.xz") for m in kept)
+    names = {vm_recipe.module_name(m) for m in kept}
+    assert {"sch_netem", "sch_cake", "sch_red", "sch_pie", "ifb", "tcp_dctcp", "9p", "virtio_net"} <= names
+    builtin = {vm_recipe.module_name(b) for b in BUILTIN_612}
+    assert {"virtio_pci", "virtio_console", "sch_fq_codel"} <= builtin and not names & builtin
+    assert not names & {"ipip", "dummy", "tun", "ip_gre", "macvlan"}, "only what the lab needs is kept"
+    with pytest.raises(vm_recipe.ImageError, match="virtio_pci is not in this kernel package"):
+        vm_recipe.load_order(DEP_612, [], "9p")
+    assert _before_dependents(vm_recipe.load_order(DEP_612, BUILTIN_612, "9p"), DEP_612)
+    assert vm_recipe.uncompressed("kernel/net/sched/sch_red.ko.xz", lzma.compress(b"ELF")) == (
+        "kernel/net/sched/sch_red.ko", b"ELF")
+    assert vm_recipe.uncompressed("kernel/a.ko", b"x") == ("kernel/a.ko", b"x")
+
+
+def test_module_globs_stay_within_one_directory():
+    assert vm_recipe.path_matches("kernel/net/sched/sch_red.ko.xz", "kernel/net/sched/*.ko*")
+    assert not vm_recipe.path_matches("kernel/net/sched/sub/x.ko", "kernel/net/sched/*.ko*")
+    assert not vm_recipe.path_matches("kernel/net/ipv4/netfilter/tcp_x.ko", "kernel/net/ipv4/tcp_*.ko*")
+    assert vm_recipe.globbed(["kernel/net/ipv4/tcp_diag.ko", "kernel/net/ipv4/tcp_bbr.ko"],
+                             vm_recipe.PRELOAD_GLOBS) == ["kernel/net/ipv4/tcp_bbr.ko"]
+
+
+def test_the_initramfs_name_follows_its_recipe():
+    name = vm_recipe.initramfs_name(DEP_61, [], "9p", b"BB")
+    assert name.startswith("initramfs-") and name.endswith(".cpio")
+    assert vm_recipe.initramfs_name(dict(DEP_61), [], "9p", b"BB") == name
+    assert vm_recipe.initramfs_name(DEP_61, [], "9p", b"BB2") != name
+    with pytest.raises(vm_recipe.ImageError, match="virtiofs is not in this kernel package"):
+        vm_recipe.initramfs_name(DEP_61, [], "virtiofs", b"BB")  # a 9p kernel's subset
+    both = {**DEP_61, "kernel/fs/fuse/virtiofs.ko": []}
+    assert vm_recipe.initramfs_name(both, [], "virtiofs", b"BB") != vm_recipe.initramfs_name(both, [], "9p", b"BB")
+    assert vm_recipe.static_busybox(b"\x7fELF" + b"\0" * 60)
+    assert not vm_recipe.static_busybox(b"\x7fELF" + b"\0" * 500 + b"/lib64/ld-linux-x86-64.so.2")
 
 
 def _read_newc(data: bytes) -> dict[str, tuple[int, bytes]]:
@@ -59,10 +136,10 @@ def _read_newc(data: bytes) -> dict[str, tuple[int, bytes]]:
 
 
 def test_initramfs_holds_init_busybox_devices_and_the_load_order():
-    entries = vm_image.initramfs_entries(b"BB", "6.1.0-1-amd64", {"kernel/a.ko": b"A"}, ["kernel/a.ko"],
+    entries = vm_recipe.initramfs_entries(b"BB", "6.1.0-1-amd64", {"kernel/a.ko": b"A"}, ["kernel/a.ko"],
                                          {"modules.dep": b"kernel/a.ko:\n"})
-    files = _read_newc(vm_image.cpio_newc(entries))
-    assert files["init"] == (0o100755, vm_image.INIT_SCRIPT.encode())
+    files = _read_newc(vm_recipe.cpio_newc(entries))
+    assert files["init"] == (0o100755, vm_recipe.INIT_SCRIPT.encode())
     assert files["bin/busybox"][1] == b"BB" and files["etc/tcplab/load"][1] == b"kernel/a.ko\n"
     assert files["lib/modules/6.1.0-1-amd64/kernel/a.ko"][1] == b"A"
     assert files["dev/console"][0] == 0o020600 and files["lib/modules/6.1.0-1-amd64"][0] == 0o040755
@@ -143,7 +220,7 @@ def test_clock_estimate_takes_the_shortest_round_trip():
 
 
 def test_qemu_argv_keeps_the_control_channel_on_loopback_and_the_share_read_only(tmp_path):
-    image = vm_image.KernelImage("linux-image-6.1.0-1-amd64", "1", "6.1.0-1-amd64", "9p", Path("/k"), Path("/i"))
+    image = vm_recipe.KernelImage("linux-image-6.1.0-1-amd64", "1", "6.1.0-1-amd64", "9p", Path("/k"), Path("/i"))
     argv = vm_config.qemu_argv(image, "tcg", "console=ttyS0", tmp_path, "t-aqm",
                                [("tap,id=data0,fd=5", "52:54:00:00:00:01")], 4242)
     joined = " ".join(argv)
@@ -155,12 +232,54 @@ def test_qemu_argv_keeps_the_control_channel_on_loopback_and_the_share_read_only
 
 
 def test_kernel_cmdline_refuses_paths_it_cannot_carry():
-    with pytest.raises(LabError):
+    with pytest.raises(LabError, match="without spaces"):
         vm_config.kernel_cmdline("9p", Path("/tmp/with space"), "/usr/bin/python3", Path("/repo"))
-    with pytest.raises(LabError, match="tmpfs"):
-        vm_config.kernel_cmdline("9p", Path("/run/x/guest"), "/usr/bin/python3", Path("/tmp/checkout"))
+    with pytest.raises(LabError, match="without spaces"):
+        vm_config.kernel_cmdline("9p", Path("/run/x/guest"), "/usr/bin/python3", Path("/repo"), ["/tmp/a,b"])
+    with pytest.raises(LabError, match="at most 2047"):
+        vm_config.kernel_cmdline("9p", Path("/run/x/guest"), "/usr/bin/python3", Path("/repo"), ["/tmp/" + "a" * 2000])
     line = vm_config.kernel_cmdline("9p", Path("/run/x/guest"), "/v/bin/python", Path("/repo"))
-    assert "tcplab.guest=/run/x/guest tcplab.python=/v/bin/python tcplab.repo=/repo" in line
+    assert line.endswith("tcplab.guest=/run/x/guest tcplab.python=/v/bin/python tcplab.repo=/repo")
+    line = vm_config.kernel_cmdline("9p", Path("/run/x/guest"), "/tmp/c/.venv/bin/python", Path("/tmp/c"),
+                                    ["/tmp/c", "/var/tmp/py"])
+    assert line.endswith("tcplab.repo=/tmp/c tcplab.keep=/tmp/c,/var/tmp/py")
+
+
+def test_a_repository_and_venv_under_the_guests_tmpfs_are_kept_visible():
+    needed = [Path("/tmp/clone"), Path("/tmp/clone/.venv"), Path("/tmp/clone/.venv/bin"),
+              Path("/root/.pyenv/versions/3.11.7"), Path("/root/.pyenv/versions/3.11.7/bin"),
+              Path("/var/tmp/py/bin"), Path("/dev/shm/x"), Path("/tmpfoo/repo"), Path("/running/repo")]
+    assert vm_config.paths_to_keep(needed) == ["/dev/shm/x", "/tmp/clone", "/var/tmp/py/bin"]
+    assert vm_config.paths_to_keep([Path("/work/repo"), Path("/usr")]) == []
+    with pytest.raises(LabError, match="the guests mount tmpfs there"):
+        vm_config.paths_to_keep([Path("/run")])
+
+
+def test_stage_1_mounts_tmpfs_where_the_lab_says_and_keeps_paths_across_them():
+    script = vm_recipe.INIT_SCRIPT
+    mounts = [script.index(f"mount -t tmpfs -o mode={mode} tmpfs /newroot{d}") for d, mode in
+              vm_recipe.GUEST_TMPFS.items()]
+    assert script.count("mount -t tmpfs") == len(vm_recipe.GUEST_TMPFS)
+    set_aside = script.index('mount --bind "/newroot$p" "/keep/$n"')
+    put_back = script.index('mount --move "/keep/$n" "/newroot$p"')
+    # aside after the host root is mounted and before any tmpfs hides the paths; back after the last tmpfs
+    assert script.index("hostroot /newroot") < set_aside < min(mounts) and max(mounts) < put_back
+    assert put_back < script.index("exec switch_root")
+    assert "tcplab.keep=*) keep=$(echo \"${arg#*=}\" | tr , ' ')" in script
+    image = vm_recipe.KernelImage("linux-image-6.1.0-1-amd64", "1", "6.1.0-1-amd64", "9p", Path("/k"), Path("/i"))
+    probe = vm_config.kvm_probe_argv(image)  # the KVM test boot looks for what stage 1 prints when asked
+    assert "tcplab.probe=1" in probe[probe.index("-append") + 1].split() and "kvm" in probe
+    assert f'tcplab.probe=1) echo "{vm_recipe.PROBE_OK}"; poweroff -f' in script
+
+
+def test_the_guest_interpreter_is_this_one_and_finds_its_venv():
+    python, needed = vm_host.guest_interpreter()
+    assert Path(python).parent == Path(python).parent.resolve() and vm_host.REPO_ROOT in needed
+    assert all(p == p.resolve() for p in needed)
+    out = subprocess.run([python, "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert Path(out).resolve() == Path(sys.prefix).resolve()
+    assert Path(sys.prefix).resolve() in needed
 
 
 def test_exec_requests_are_checked():
