@@ -24,7 +24,7 @@ from orchestrator.agent_client import AgentClient
 from orchestrator.lab import netns, vm, vm_config, vm_host
 from orchestrator.lab.vm_config import vm_dir
 from schemas import protocol
-from tests.lab.conftest import run_lab_plan, vm_lab_up
+from tests.lab.conftest import run_lab_plan, stored_flags, vm_lab_up
 
 PREFIX = "tcplabvmt"
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tc"
@@ -151,6 +151,7 @@ def test_red_ecn_plan_applies_reads_back_marks_and_resets(vm_lab, tmp_path):
     inv, state_dir = vm_lab
     before = vm.guest_exec(["tc", "-j", "qdisc", "show", "dev", "to-client"], state_dir).stdout
     engine = run_lab_plan(RED_ECN_PLAN, state_dir, tmp_path)
+    flags = stored_flags(engine)
     with engine.connect() as conn:
         runs = conn.execute(text("SELECT run_id, run_key, status, flags FROM run")).all()
         assert len(runs) == 2 and all(r.status == "complete" for r in runs), runs
@@ -169,7 +170,7 @@ def test_red_ecn_plan_applies_reads_back_marks_and_resets(vm_lab, tmp_path):
             assert rb.interfaces["to-client"].neighbours                   # evidence: ip neigh read back
             for role in ("client", "aqm", "server"):
                 assert evidence[(role, "reset")]["restored"] is True, evidence[(role, "reset")]
-            assert not [f for f in json.loads(run.flags) if "reset left" in f]
+            assert not [f for f in flags[run.run_id] if f.guard == "G-RESET"], flags[run.run_id]
             marked = conn.execute(text(
                 "SELECT count(*) FROM packet p JOIN conn c ON c.run_key = p.run_key AND c.conn_id = p.conn_id "
                 "WHERE p.run_key = :k AND c.point = 'aqm:to-client' AND p.ecn = 3 AND p.payload_len > 0"),
@@ -203,14 +204,15 @@ def test_drops_in_an_undersized_netem_are_flagged_after_the_run(vm_lab, tmp_path
     plan.write_text(text_)
     engine = run_lab_plan(plan, state_dir, tmp_path)
     with engine.connect() as conn:
-        [run] = conn.execute(text("SELECT run_id, status, flags FROM run")).all()
-    flags = json.loads(run.flags)
-    print("\n".join(flags))
+        [run] = conn.execute(text("SELECT run_id, status FROM run")).all()
+    flags = stored_flags(engine)[run.run_id]
+    print("\n".join(map(str, flags)))
     assert run.status == "complete"
-    assert any(f.startswith("accepted G-NETEM host aqm: netem") for f in flags), flags
-    [dropped] = [f for f in flags if f.startswith("G-NETEM host aqm: netem 1: on to-client dropped ")]
-    assert int(dropped.split(" dropped ")[1].split()[0]) > 0
-    assert not [f for f in flags if f.startswith(("G-HTB", "M-DROP"))], flags
+    assert any(str(f).startswith("accepted G-NETEM host aqm: netem") for f in flags), flags
+    [dropped] = [f for f in flags if not f.accepted and f.guard == "G-NETEM"]
+    assert dropped.host == "aqm" and dropped.message.startswith("netem 1: on to-client dropped ")
+    assert int(dropped.message.split(" dropped ")[1].split()[0]) > 0
+    assert not [f for f in flags if f.guard in ("G-HTB", "M-DROP")], flags
 
 
 FLOOR_PLAN = Path(__file__).resolve().parents[2] / "experiments" / "vm" / "floor.yaml"
