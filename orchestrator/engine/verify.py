@@ -59,7 +59,7 @@ def norm_module_param(value: str) -> str:
 
 def nic_differences(dev: str, want: InterfaceState, irb: protocol.InterfaceReadback) -> list[str]:
     """Coalescing, pause frames and static neighbours. A driver without coalescing or pause frames
-    satisfies a request for "off" (see nic_notes); anything else it cannot hold is a difference."""
+    satisfies a request for "off" (see nic_flags, G-NIC); anything else it cannot hold is a difference."""
     diffs = []
     have = irb.coalesce or {}
     for name, value in want.coalesce.items():
