@@ -120,3 +120,11 @@ def test_empty_artifact_and_comment_only() -> None:
 def test_refuses_what_it_does_not_understand(text: str, why: str) -> None:
     with pytest.raises(SsFormatError, match=why):
         parse_ss(text)
+
+
+def test_a_connecting_socket_has_no_rtt_yet() -> None:
+    """A poll can catch a flow's socket in SYN-SENT (seen in the lab): ss prints no rtt (tcpi_rtt is 0 until
+    the first sample), so the row holds NULL there, not a made-up value."""
+    [row] = rows("ss_syn_sent.txt")
+    assert (row["sport"], row["dport"], row["cwnd"], row["cc"]) == (36252, 5201, 10, "bbr")
+    assert row["rtt_us"] == -1                      # SS_NULLABLE: stored as NULL
