@@ -11,6 +11,7 @@ from pathlib import Path
 
 from websockets.asyncio.server import serve, unix_serve
 
+from agents.rootdir import ensure_artifacts_root
 from agents.server import Agent, ensure_tracefs
 
 
@@ -26,11 +27,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 async def serve_forever(args: argparse.Namespace) -> None:
     token = args.token_file.read_bytes().strip()
-    args.artifacts.mkdir(parents=True, exist_ok=True)
+    artifacts = ensure_artifacts_root(args.artifacts)   # refuses a root another user could swap or write
     ensure_tracefs()
     # the capability probe blocks (tc, ethtool, netlink through pyroute2, whose sync sockets run their own
     # event loop): off this one
-    agent = await asyncio.to_thread(Agent, args.name, token, args.interface, args.artifacts)
+    agent = await asyncio.to_thread(Agent, args.name, token, args.interface, artifacts)
     stop = asyncio.get_running_loop().create_future()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, lambda: stop.done() or stop.set_result(None))

@@ -20,6 +20,8 @@ from schemas import protocol
 from schemas.hoststate import QdiscStage
 from schemas.validate import ProtocolError, check_request, check_result
 
+MAX_FRAME_CHARS = 8 * 1024 * 1024   # the WebSocket limit; checked again here for callers without one
+
 
 @dataclass(frozen=True)
 class Dispatch:
@@ -46,19 +48,35 @@ class AgentSession:
         return encode_event("challenge", {"nonce": self.nonce_hex, "protocol": protocol.PROTOCOL_VERSION})
 
     def receive(self, text: str | bytes) -> Dispatch | str:
-        """Validate one inbound frame. Returns a Dispatch to execute or an encoded error reply."""
+        """Validate one inbound frame. Returns a Dispatch to execute or an encoded error reply; never raises,
+        whatever the frame holds (the peer may not have authenticated yet)."""
         if isinstance(text, bytes):
             return encode_error(None, "bad_request", "binary frames are not accepted by the agent")
+        if len(text) > MAX_FRAME_CHARS:
+            return encode_error(None, "bad_request", f"frame of {len(text)} characters exceeds {MAX_FRAME_CHARS}")
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as exc:
             return encode_error(None, "bad_request", f"not JSON: {exc.msg}")
+        except (RecursionError, ValueError) as exc:   # nesting too deep; an integer beyond int_max_str_digits
+            return encode_error(None, "bad_request", f"not acceptable JSON: {type(exc).__name__}")
+        try:
+            return self._validated(doc)
+        except (ValidationError, ProtocolError, RecursionError, ValueError, TypeError) as exc:
+            # a frame the checks below did not foresee: still a coded error, never a crash of the connection
+            return encode_error(None, "bad_request", f"request refused: {type(exc).__name__}")
+
+    def _validated(self, doc: object) -> Dispatch | str:
         if not isinstance(doc, dict):
             return encode_error(None, "bad_request", "a request must be a JSON object")
-        req_id = doc.get("id") if isinstance(doc.get("id"), int) else None
+        raw_id = doc.get("id")
+        req_id = raw_id if type(raw_id) is int and 0 <= raw_id < 2**53 else None
+        if req_id is None:
+            return encode_error(None, "bad_request", "id must be an integer in [0, 2**53)", field="id")
         op = doc.get("op")
-        if op not in protocol.OP_ARGS:
-            return encode_error(req_id, "unknown_op", f"unknown op {op!r}", field="op")
+        if not isinstance(op, str) or op not in protocol.OP_ARGS:
+            shown = repr(op)[:40] if isinstance(op, str) else type(op).__name__
+            return encode_error(req_id, "unknown_op", f"unknown op {shown}", field="op")
         if not self.authenticated and op != "hello":
             return encode_error(req_id, "unauthenticated", f"op {op!r} before a successful hello", op=op)
         try:
@@ -84,7 +102,7 @@ class AgentSession:
             self.peer = args.client
         if op == "bye":
             self.closed = True
-        return Dispatch(id=doc["id"], op=op, args=args)
+        return Dispatch(id=req_id, op=op, args=args)
 
 
 def field_path(loc: tuple) -> str:

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.hoststate import HostState
+from schemas.identifiers import RUN_ID_PATTERN, TASK_ID_PATTERN
 
 PROTOCOL_VERSION = 1
 
@@ -30,7 +31,7 @@ class HelloArgs(_Msg):
 
 
 class ApplyArgs(_Msg):
-    run_id: str
+    run_id: str = Field(pattern=RUN_ID_PATTERN)
     state: HostState
 
 
@@ -39,7 +40,7 @@ class ClockArgs(_Msg):
 
 
 class _TaskBase(_Msg):
-    task_id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    task_id: str = Field(pattern=TASK_ID_PATTERN)
     start_ns: int = Field(description="absolute CLOCK_REALTIME start time")
 
 
@@ -111,12 +112,12 @@ Task = Annotated[
 
 
 class ScheduleArgs(_Msg):
-    run_id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$")
+    run_id: str = Field(pattern=RUN_ID_PATTERN)
     tasks: list[Task] = Field(min_length=1)
 
 
 class CollectArgs(_Msg):
-    run_id: str
+    run_id: str = Field(pattern=RUN_ID_PATTERN)
     timeout_s: float = Field(default=120, gt=0, le=7200)
 
 

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from schemas.hoststate import QdiscStage
+from schemas.identifiers import RUN_ID_PATTERN
 
 
 class _Strict(BaseModel):
@@ -163,7 +164,7 @@ class Derived(_Strict):
 
 
 class RunSpec(_Strict):
-    run_id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$")
+    run_id: str = Field(pattern=RUN_ID_PATTERN)
     plan_name: str
     experiment: str
     tags: list[str] = Field(default_factory=list, description="the plan's tags (report selection `tag:`, G-VM)")
