@@ -15,7 +15,7 @@ import numpy as np
 
 from analysis import metrics as m
 from analysis.rundata import PACKET_DTYPE, RunData
-from analysis.summary import RunRow, flow_spans, summarise
+from analysis.summary import RunRow, flow_spans, goodput_advances, summarise
 
 MS = 1_000_000
 TEN_MS, HUNDRED_MS = 10 * MS, 100 * MS
@@ -106,7 +106,8 @@ def _convergence(tput: np.ndarray, running: np.ndarray, i: int, first_ns: int, t
 def analyse(data: RunData) -> RunAnalysis:
     """All metrics of one loaded run (load_run(..., detail=True) for RTT, FCT, gaps, queue delay, ss)."""
     meta = data.meta
-    row = summarise(data)
+    advance = goodput_advances(data)     # per-packet work once, shared with the runs table row
+    row = summarise(data, advance)
     notes: list[str] = [f"run flag: {f}" for f in meta.flags]   # a flagged run's numbers are suspect: say so
     pk = {f.flow_id: data.packets.get(f.flow_id, np.empty(0, PACKET_DTYPE)) for f in data.flows}
     spans = flow_spans(data)
@@ -120,9 +121,8 @@ def analyse(data: RunData) -> RunAnalysis:
     rtt_s = meta.base_rtt_s
     end_ns = max((s[1] for s in spans.values()), default=t0)
     bins = _bins(data, t0, end_ns)
-    # each flow's goodput advance once (filter, sort, unwrap), binned at every width: the values of
+    # each flow's goodput advance (computed once above), binned at every width: the values of
     # m.throughput_series(p, t0, w, n) without redoing the per-packet work per width
-    advance = {i: m.goodput_advance(p) for i, p in pk.items()}
     throughput = {w: {i: m.bin_sum(ts, adv, t0, w, n) * 8e9 / w for i, (ts, adv) in advance.items()}
                   for w, n in bins.items()}
 

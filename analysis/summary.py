@@ -67,14 +67,22 @@ def _run_cc(data: RunData) -> str:
     return "/".join(sorted({f.cc for f in data.flows}))
 
 
-def summarise(data: RunData) -> RunRow:
-    """The run table row of one loaded run, every column over the run's analysis window."""
+def goodput_advances(data: RunData) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """flow_id -> (ts, bytes advancing the highest sequence) of its packets at the bottleneck capture: the
+    per-packet work (filter, sort, unwrap) done once per flow, for the runs table and the report alike."""
     no_packets = np.empty(0, PACKET_DTYPE)
+    return {f.flow_id: metrics.goodput_advance(data.packets.get(f.flow_id, no_packets)) for f in data.flows}
+
+
+def summarise(data: RunData, advances: dict[int, tuple[np.ndarray, np.ndarray]] | None = None) -> RunRow:
+    """The run table row of one loaded run, every column over the run's analysis window. `advances`:
+    goodput_advances(data) when the caller has them already."""
+    advances = advances if advances is not None else goodput_advances(data)
     window, t0 = run_window(data)
     w0, w1 = window.start_ns, window.end_ns
     per_flow = []
     for f in data.flows:
-        ts, adv = metrics.goodput_advance(data.packets.get(f.flow_id, no_packets))
+        ts, adv = advances[f.flow_id]
         per_flow.append(int(adv[metrics.in_window(ts, w0, w1)].sum()))
     length = window.length_ns
     rate = data.meta.rate_bit

@@ -70,7 +70,7 @@ def cpu_guard(spec: RunSpec, record: RunRecord, run_dir: Path) -> tuple[list[dic
     return evidence, flags
 
 
-def evidence_guards(spec: RunSpec, record: RunRecord) -> list[Flag]:
+def evidence_guards(record: RunRecord) -> list[Flag]:
     """Guards on the host evidence the engine kept: clock offsets (G-CLOCK), what reset left (G-RESET)."""
     offsets = {e["host"]: int(e["data"]["offset_ns"]) for e in record.evidence if e["phase"] == "clock"}
     flags = clock.clock_findings(offsets)
@@ -95,7 +95,7 @@ def finalise_run(db: Engine, run_dir: Path, record: RunRecord) -> RunOutcome:
     run = dict(record.run)
     flags = [*pre_run.accepted(spec), *(Flag.from_stored(f) for f in run.get("flags", []))]
     cpu_evidence, cpu_flags = cpu_guard(spec, record, run_dir)
-    flags += evidence_guards(spec, record) + cpu_flags
+    flags += evidence_guards(record) + cpu_flags
     evidence = [*record.evidence, *cpu_evidence]
     ingest = None
     if record.complete:
