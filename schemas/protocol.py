@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.hoststate import HostState
+from schemas import limits
 from schemas.identifiers import RUN_ID_PATTERN, TASK_ID_PATTERN
 
 PROTOCOL_VERSION = 1
@@ -54,10 +55,12 @@ class Iperf3ClientTask(_TaskBase):
     port: int = Field(ge=1024, le=65535)
     dst_addr: str
     cc: str = Field(pattern=r"^[a-z0-9_]{1,32}$")
-    duration_s: float = Field(gt=0, le=3600, description="send for this long (unless `bytes` is set)")
-    interval_s: float = Field(default=0.1, ge=0.1, le=60)
+    duration_s: float = Field(gt=0, le=limits.MAX_RUN_SECONDS,
+                              description="send for this long (unless `bytes` is set)")
+    interval_s: float = Field(default=0.1, ge=limits.MIN_REPORT_INTERVAL_S, le=limits.MAX_REPORT_INTERVAL_S)
     bytes: int | None = Field(default=None, gt=0, description="send this many bytes, then stop (iperf3 -n)")
-    udp_rate_bit: int | None = Field(default=None, gt=0, description="UDP at this rate instead of TCP")
+    udp_rate_bit: int | None = Field(default=None, gt=0, le=limits.MAX_UDP_RATE_BIT,
+                                     description="UDP at this rate instead of TCP")
     nodelay: bool = Field(default=False, description="TCP_NODELAY (iperf3 -N)")
 
 
@@ -71,7 +74,7 @@ class CaptureTask(_TaskBase):
 
 class TcpProbeTask(_TaskBase):
     kind: Literal["tcp_probe"] = "tcp_probe"
-    ports: list[int] = Field(min_length=1, max_length=64)
+    ports: list[int] = Field(min_length=1, max_length=limits.MAX_PORTS_PER_SAMPLER)
     stop_ns: int
     buffer_kib: int = Field(default=16384, ge=1024)
 
@@ -80,7 +83,7 @@ class QdiscStatsTask(_TaskBase):
     kind: Literal["qdisc_stats"] = "qdisc_stats"
     interface: str
     stop_ns: int
-    interval_ms: int = Field(default=10, ge=1, le=10000)
+    interval_ms: int = Field(default=10, ge=limits.MIN_SAMPLE_INTERVAL_MS, le=limits.MAX_SAMPLE_INTERVAL_MS)
 
 
 class SsSampleTask(_TaskBase):
@@ -88,8 +91,9 @@ class SsSampleTask(_TaskBase):
 
     kind: Literal["ss_sample"] = "ss_sample"
     stop_ns: int
-    interval_ms: int = Field(default=100, ge=10, le=10000, description="polling interval")
-    ports: list[int] = Field(min_length=1, max_length=64,
+    interval_ms: int = Field(default=100, ge=limits.MIN_POLL_INTERVAL_MS, le=limits.MAX_SAMPLE_INTERVAL_MS,
+                             description="polling interval")
+    ports: list[int] = Field(min_length=1, max_length=limits.MAX_PORTS_PER_SAMPLER,
                              description="list sockets whose remote (destination) port is one of these")
     dst_addrs: list[Annotated[str, Field(pattern=r"^[0-9A-Fa-f:.]{2,45}$")]] = Field(
         default_factory=list, max_length=16, description="... and whose remote address is one of these (any if empty)")
@@ -101,7 +105,8 @@ class CpuLoadTask(_TaskBase):
 
     kind: Literal["cpu_load"] = "cpu_load"
     stop_ns: int
-    interval_ms: int = Field(default=100, ge=10, le=10000, description="sampling interval")
+    interval_ms: int = Field(default=100, ge=limits.MIN_POLL_INTERVAL_MS, le=limits.MAX_SAMPLE_INTERVAL_MS,
+                             description="sampling interval")
 
 
 Task = Annotated[
@@ -113,12 +118,12 @@ Task = Annotated[
 
 class ScheduleArgs(_Msg):
     run_id: str = Field(pattern=RUN_ID_PATTERN)
-    tasks: list[Task] = Field(min_length=1)
+    tasks: list[Task] = Field(min_length=1, max_length=limits.MAX_TASKS_PER_SCHEDULE)
 
 
 class CollectArgs(_Msg):
     run_id: str = Field(pattern=RUN_ID_PATTERN)
-    timeout_s: float = Field(default=120, gt=0, le=7200)
+    timeout_s: float = Field(default=120, gt=0, le=limits.MAX_COLLECT_WAIT_S)
 
 
 class Empty(_Msg):

@@ -1,0 +1,15 @@
+"""Bounds the agent enforces on every operation, in one place: the protocol models use them, and the plan
+loader checks a plan against the same numbers, so a plan the agents would refuse is refused before any host
+is touched (never after the hosts were configured)."""
+from __future__ import annotations
+
+MAX_RUN_SECONDS = 3600            # a flow's duration, a run's length: one hour
+MIN_SAMPLE_INTERVAL_MS = 1        # qdisc statistics
+MIN_POLL_INTERVAL_MS = 10         # ss and /proc/stat samplers (one `ss` costs ms of a core)
+MAX_SAMPLE_INTERVAL_MS = 10_000   # every sampler
+MIN_REPORT_INTERVAL_S = 0.1       # iperf3 -i
+MAX_REPORT_INTERVAL_S = 60
+MAX_UDP_RATE_BIT = 400 * 10**9    # the fastest NIC a testbed of the studies holds, 4x over
+MAX_TASKS_PER_SCHEDULE = 512      # 1024 flows x (client) + samplers would not fit a host anyway
+MAX_COLLECT_WAIT_S = 600          # how long collect waits for tasks still running, at most
+MAX_PORTS_PER_SAMPLER = 64
