@@ -52,3 +52,26 @@ def pg_url(pg_admin_dsn: str) -> Iterator[str]:
         with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 # ===== end PostgreSQL test database ================================================================
+
+
+# ===== fault-and-fuzz ledger (owner: security) =====================================================
+# Tests that inject faults or fuzz inputs record into one session-wide ledger (tests/support/ledger.py);
+# its summary line is printed at the end of every run, after the per-test lines.
+from tests.support.ledger import Ledger  # noqa: E402
+
+_LEDGER = Ledger()
+
+
+@pytest.fixture(scope="session")
+def ledger() -> Ledger:
+    return _LEDGER
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    if not _LEDGER.lines:
+        return
+    terminalreporter.section("fault and fuzz suite")
+    for line in _LEDGER.lines:
+        terminalreporter.write_line(line)
+    terminalreporter.write_line(_LEDGER.summary())
+# ===== end fault-and-fuzz ledger ===================================================================
