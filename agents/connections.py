@@ -1,0 +1,110 @@
+"""The admission decisions (agents/admission.py) applied to real connections: the imperative shell.
+
+A connection is counted from the moment the kernel hands it over (asyncio `connection_made`), before the
+WebSocket handshake, so idle sockets that never send a byte are held to the cap too. Room is made by
+dropping the oldest unauthenticated connection (a close frame when it is open, else an abort): that frees
+its descriptor at once, never after a closing handshake an attacker could stall.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from websockets.asyncio.server import ServerConnection
+from websockets.protocol import State
+
+from agents.admission import Admission, LogBudget
+
+POLICY_VIOLATION = 1008   # RFC 6455: hello timeout, wrong proof, frames before hello
+TRY_AGAIN_LATER = 1013    # evicted to make room
+
+
+def peer_of(transport: asyncio.BaseTransport) -> str:
+    """The peer's address without its port (the unit of the per-peer limits); "unix" on a UNIX socket."""
+    name = transport.get_extra_info("peername")
+    if isinstance(name, tuple) and name:
+        return str(name[0])
+    return "unix"
+
+
+def drop(conn: ServerConnection, code: int, reason: str) -> None:
+    """Close now: a close frame if the WebSocket is open, then the socket, without waiting for the peer."""
+    transport = getattr(conn, "transport", None)
+    if transport is None or transport.is_closing():
+        return
+    if conn.protocol.state is State.OPEN:
+        conn.protocol.send_close(code, reason)
+        for data in conn.protocol.data_to_send():
+            if data:
+                transport.write(data)
+        transport.close()      # flushes the close frame, then closes; no closing handshake to wait for
+    else:
+        transport.abort()
+
+
+def gated_connection_factory(admission: Admission, audit: Callable[..., None]) -> Callable[..., ServerConnection]:
+    """`create_connection` for websockets.serve: every new connection passes `admission` first."""
+    live: dict[int, ServerConnection] = {}
+
+    class GatedConnection(ServerConnection):
+        admitted = False
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            peer = peer_of(transport)
+            decision = admission.admit(id(self), peer)
+            if not decision.accepted:
+                audit("connection refused peer=%s reason=%s", peer, decision.reason)
+                transport.abort()
+                return
+            self.admitted = True
+            live[id(self)] = self
+            super().connection_made(transport)
+            for key in decision.evict:
+                victim = live.pop(key, None)    # type: ignore[arg-type]
+                if victim is not None:
+                    audit("connection evicted peer=%s reason=%s", peer_of(victim.transport), decision.reason)
+                    drop(victim, TRY_AGAIN_LATER, "connection cap: oldest unauthenticated connection dropped")
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if not self.admitted:
+                return
+            live.pop(id(self), None)
+            admission.closed(id(self))
+            super().connection_lost(exc)
+
+    return GatedConnection
+
+
+class BoundedLog:
+    """Log lines caused by unauthenticated peers, within a LogBudget."""
+
+    def __init__(self, logger: logging.Logger, budget: LogBudget | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.logger, self.budget, self.clock = logger, budget or LogBudget(), clock
+
+    def __call__(self, fmt: str, *args: Any, level: int = logging.WARNING) -> None:
+        allowed, suppressed = self.budget.allow(self.clock())
+        if suppressed:
+            self.logger.warning("%d log lines about unauthenticated peers suppressed in the last %.0f s",
+                                suppressed, self.budget.window_s)
+        if allowed:
+            self.logger.log(level, fmt, *args)
+
+
+class BoundedLogFilter(logging.Filter):
+    """For the websockets library's own logger: no tracebacks for a peer's broken handshake, and at most the
+    budget's lines per window (the library logs one error per failed handshake)."""
+
+    def __init__(self, budget: LogBudget | None = None, clock: Callable[[], float] = time.monotonic):
+        super().__init__()
+        self.budget, self.clock = budget or LogBudget(), clock
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        allowed, suppressed = self.budget.allow(self.clock())
+        if suppressed and allowed:
+            record.msg = f"{record.msg} ({suppressed} earlier lines suppressed)"
+        record.exc_info, record.exc_text = None, None
+        return allowed
