@@ -8,6 +8,7 @@ applies the decisions to real connections.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
@@ -126,9 +127,9 @@ class Admission:
         """Why a hello from `peer` is not even checked now (its budget of failures is spent), or None."""
         bucket = self._peer_buckets.get(peer)
         if bucket is not None and not bucket.available(now):
-            return f"too many failed hellos from {peer}: retry in {bucket.wait_s(now):.0f} s"
+            return f"too many failed hellos from {peer}: retry in {math.ceil(bucket.wait_s(now))} s"
         if not self._total_bucket.available(now):
-            return f"too many failed hellos on this agent: retry in {self._total_bucket.wait_s(now):.0f} s"
+            return f"too many failed hellos on this agent: retry in {math.ceil(self._total_bucket.wait_s(now))} s"
         return None
 
     def hello_failed(self, peer: str, now: float) -> None:
