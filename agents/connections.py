@@ -45,6 +45,16 @@ def drop(conn: ServerConnection, code: int, reason: str) -> None:
         transport.abort()
 
 
+def raise_frame_limit(conn: ServerConnection, max_bytes: int) -> None:
+    """Lift this connection's frame limit after hello. websockets reads it before every frame; it is called
+    `max_message_size` since websockets 15 and `max_size` before."""
+    for attribute in ("max_message_size", "max_size"):
+        if hasattr(conn.protocol, attribute):
+            setattr(conn.protocol, attribute, max_bytes)
+            return
+    raise RuntimeError("this websockets version has no per-connection frame limit the agent knows")
+
+
 def gated_connection_factory(admission: Admission, audit: Callable[..., None]) -> Callable[..., ServerConnection]:
     """`create_connection` for websockets.serve: every new connection passes `admission` first."""
     live: dict[int, ServerConnection] = {}

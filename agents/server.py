@@ -16,7 +16,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from agents.admission import Admission, PreAuthLimits
-from agents.connections import POLICY_VIOLATION, BoundedLog, drop, peer_of
+from agents.connections import POLICY_VIOLATION, BoundedLog, drop, peer_of, raise_frame_limit
 from agents.host.capabilities import probe
 from agents.host.errors import StateError
 from agents.host.executor import HostStateExecutor
@@ -107,7 +107,7 @@ class Agent:
 
     def _authenticated(self, ws: ServerConnection, session: AgentSession, peer: str) -> None:
         """Lift the pre-authentication limits for this connection and give it a session identity."""
-        ws.protocol.max_message_size = MAX_FRAME_CHARS   # websockets reads this before every frame
+        raise_frame_limit(ws, MAX_FRAME_CHARS)
         self.admission.authenticated(id(ws))
         self.sessions[ws] = SessionId(next(self._numbers), session.peer or "", peer)
         self._proofs[ws] = session.proof or ""
@@ -117,7 +117,7 @@ class Agent:
         self._proofs.pop(ws, None)
         if self.ownership.disconnected(sid):
             assert sid is not None
-            log.warning("owner gone host=%s run=%s %s: the run can be taken over", self.name, self.run_id,
+            log.info("owner gone host=%s run=%s %s: the run can be taken over", self.name, self.run_id,
                         sid.describe())
 
     async def _dispatch(self, ws: ServerConnection, d: Dispatch) -> None:
