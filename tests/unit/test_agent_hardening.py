@@ -36,6 +36,32 @@ def _coded(reply: Dispatch | str) -> str:
     return err["code"]
 
 
+class _Tally:
+    """Fuzz cases run and crashes seen in this module (a crash also fails its test)."""
+    cases = 0
+    crashes = 0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _record_fuzz_figures(ledger):
+    yield
+    if _Tally.cases:
+        ledger.fuzz("agent session (sans-I/O)", _Tally.cases, _Tally.crashes)
+
+
+def _fuzzed(session: AgentSession, frame: str) -> Dispatch | str:
+    """One fuzz case: the session must answer with a Dispatch or a coded error, never raise."""
+    _Tally.cases += 1
+    try:
+        reply = session.receive(frame)
+        if not isinstance(reply, Dispatch):
+            _coded(reply)
+    except BaseException:
+        _Tally.crashes += 1
+        raise
+    return reply
+
+
 @pytest.mark.parametrize("run_id", [".", "..", "-rf", ".hidden", "a/b", "a\nforged log line", "", "x" * 129])
 def test_a_run_id_cannot_name_a_path_or_forge_a_log_line(run_id):
     task = {"kind": "capture", "task_id": "c0", "start_ns": 1, "stop_ns": 2, "interface": "to-aqm"}
@@ -84,8 +110,8 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_
 @given(st.one_of(st.text(max_size=200), JSON.map(json.dumps)))
 def test_random_frames_before_hello_never_crash_the_session(frame):
     s = AgentSession(TOKEN)
-    reply = s.receive(frame)
-    assert _coded(reply) and not s.authenticated
+    reply = _fuzzed(s, frame)
+    assert isinstance(reply, str) and not s.authenticated
 
 
 @settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -95,9 +121,7 @@ def test_mutated_valid_ops_after_hello_dispatch_or_get_a_coded_error(op, mutatio
     doc = json.loads(json.dumps(op))
     for key, value in mutations:
         (doc["args"] if in_args else doc)[key] = value
-    reply = _authenticated().receive(json.dumps(doc))
-    if not isinstance(reply, Dispatch):
-        _coded(reply)
+    _fuzzed(_authenticated(), json.dumps(doc))
 
 
 def test_the_artifacts_root_is_created_private(tmp_path):
