@@ -66,44 +66,50 @@ class Agent:
     # ------------------------------------------------------------ connection loop
     async def handle(self, ws: ServerConnection) -> None:
         peer = peer_of(ws.transport)
-        limits = self.admission.limits
-        session = AgentSession(self.token, channel_binding=self.channel_binding, limits=limits,
+        session = AgentSession(self.token, channel_binding=self.channel_binding, limits=self.admission.limits,
                                hello_gate=lambda: self.admission.hello_refusal(peer, time.monotonic()))
         try:
             await ws.send(session.greeting())
-            async with asyncio.timeout(limits.hello_timeout_s) as hello_deadline:
-                async for frame in ws:
-                    was_authenticated = session.authenticated
-                    out = (await asyncio.to_thread(session.receive, frame) if len(frame) > OFF_LOOP_CHARS
-                           else session.receive(frame))
-                    if session.authenticated and not was_authenticated:
-                        hello_deadline.reschedule(None)
-                        self._authenticated(ws, session, peer)
-                    if session.hello_failed:
-                        self.admission.hello_failed(peer, time.monotonic())
-                        self.audit("hello refused peer=%s reason=wrong proof of the token", peer)
-                    if isinstance(out, str):
-                        await ws.send(out)
-                    else:
-                        await self._dispatch(ws, out)
-                    if session.closed:
-                        if session.close_reason:
-                            self.audit("connection closed peer=%s reason=%s", peer, session.close_reason)
-                        drop(ws, POLICY_VIOLATION if session.close_reason else 1000, session.close_reason)
-                        return
+            await self._serve(ws, session, peer)
         except TimeoutError:
-            message = f"no hello within {limits.hello_timeout_s:g} s"
-            self.audit("connection closed peer=%s reason=%s", peer, message)
-            try:
-                await ws.send(encode_error(None, "unauthenticated", message, field="hmac", op="hello"))
-            except ConnectionClosed:
-                pass
-            drop(ws, POLICY_VIOLATION, message)
+            await self._hello_timed_out(ws, peer)
         except ConnectionClosed:
             pass
         finally:
             self._disconnected(ws)
         await ws.close()
+
+    async def _serve(self, ws: ServerConnection, session: AgentSession, peer: str) -> None:
+        """Frames until the session closes; TimeoutError when no hello came within the hello timeout."""
+        async with asyncio.timeout(self.admission.limits.hello_timeout_s) as hello_deadline:
+            async for frame in ws:
+                was_authenticated = session.authenticated
+                out = (await asyncio.to_thread(session.receive, frame) if len(frame) > OFF_LOOP_CHARS
+                       else session.receive(frame))
+                if session.authenticated and not was_authenticated:
+                    hello_deadline.reschedule(None)
+                    self._authenticated(ws, session, peer)
+                if session.hello_failed:
+                    self.admission.hello_failed(peer, time.monotonic())
+                    self.audit("hello refused peer=%s reason=wrong proof of the token", peer)
+                if isinstance(out, str):
+                    await ws.send(out)
+                else:
+                    await self._dispatch(ws, out)
+                if session.closed:
+                    if session.close_reason:
+                        self.audit("connection closed peer=%s reason=%s", peer, session.close_reason)
+                    drop(ws, POLICY_VIOLATION if session.close_reason else 1000, session.close_reason)
+                    return
+
+    async def _hello_timed_out(self, ws: ServerConnection, peer: str) -> None:
+        message = f"no hello within {self.admission.limits.hello_timeout_s:g} s"
+        self.audit("connection closed peer=%s reason=%s", peer, message)
+        try:
+            await ws.send(encode_error(None, "unauthenticated", message, field="hmac", op="hello"))
+        except ConnectionClosed:
+            pass
+        drop(ws, POLICY_VIOLATION, message)
 
     def _authenticated(self, ws: ServerConnection, session: AgentSession, peer: str) -> None:
         """Lift the pre-authentication limits for this connection and give it a session identity."""
@@ -118,7 +124,7 @@ class Agent:
         if self.ownership.disconnected(sid):
             assert sid is not None
             log.info("owner gone host=%s run=%s %s: the run can be taken over", self.name, self.run_id,
-                        sid.describe())
+                     sid.describe())
 
     async def _dispatch(self, ws: ServerConnection, d: Dispatch) -> None:
         try:
