@@ -79,14 +79,15 @@ async def serve_forever(args: argparse.Namespace) -> None:
     stop = asyncio.get_running_loop().create_future()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, lambda: stop.done() or stop.set_result(None))
-    # frames up to 64 KiB before hello (raised to 8 MiB per connection after it); a peer that never finishes
-    # the TCP/TLS/WebSocket handshake is dropped after open_timeout, and counted against the cap until then
+    # frames up to 64 KiB before hello (raised to 8 MiB per connection after it); every socket counts against
+    # the cap from accept on (TLS is negotiated by the gated connection, after admission); a peer that does not
+    # finish the TLS handshake in 5 s, or the WebSocket handshake in open_timeout, is dropped
     ws_log = logging.getLogger("tcplab.agent.websockets")
     ws_log.addFilter(BoundedLogFilter())
     ws_log.setLevel(logging.WARNING)   # no line per connection opened or closed: the agent logs what matters
     options = {"max_size": limits.max_frame_before_hello, "ping_interval": 20, "ping_timeout": 60,
                "open_timeout": 5, "close_timeout": 5, "logger": ws_log,
-               "create_connection": gated_connection_factory(agent.admission, agent.audit)}
+               "create_connection": gated_connection_factory(agent.admission, agent.audit, tls=tls)}
     if args.listen.startswith("unix:"):
         path = args.listen.removeprefix("unix:")
         if os.path.exists(path):
@@ -95,7 +96,7 @@ async def serve_forever(args: argparse.Namespace) -> None:
         os.chmod(path, 0o600)
     elif args.listen.startswith("tcp://"):
         host, _, port = args.listen.removeprefix("tcp://").rpartition(":")
-        server = await serve(agent.handle, host, int(port), ssl=tls, **options)
+        server = await serve(agent.handle, host, int(port), **options)   # TLS: in the gated connection
     else:
         raise SystemExit(f"--listen: expected unix:/path or tcp://HOST:PORT, got {args.listen!r}")
     logging.getLogger("tcplab.agent").info("listening host=%s on=%s tls=%s interfaces=%s", args.name,

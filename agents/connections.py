@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from websockets.asyncio.server import ServerConnection
 from websockets.protocol import State
@@ -55,12 +56,17 @@ def raise_frame_limit(conn: ServerConnection, max_bytes: int) -> None:
     raise RuntimeError("this websockets version has no per-connection frame limit the agent knows")
 
 
-def gated_connection_factory(admission: Admission, audit: Callable[..., None]) -> Callable[..., ServerConnection]:
-    """`create_connection` for websockets.serve: every new connection passes `admission` first."""
-    live: dict[int, ServerConnection] = {}
+def gated_connection_factory(admission: Admission, audit: Callable[..., None], tls: ssl.SSLContext | None = None,
+                             tls_handshake_timeout_s: float = 5.0) -> Callable[..., ServerConnection]:
+    """`create_connection` for websockets.serve: every new connection passes `admission` first. With `tls`
+    the TLS handshake is done here, after admission (not by the listening socket, which would hand the
+    connection over only once its handshake was done: silent sockets would not count against the cap)."""
+    live: dict[int, GatedConnection] = {}
 
     class GatedConnection(ServerConnection):
         admitted = False
+        ready = False             # websockets has the (TLS) transport: connection_made done
+        raw_transport: asyncio.Transport | None = None
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             peer = peer_of(transport)
@@ -69,21 +75,54 @@ def gated_connection_factory(admission: Admission, audit: Callable[..., None]) -
                 audit("connection refused peer=%s reason=%s", peer, decision.reason)
                 transport.abort()
                 return
-            self.admitted = True
+            self.admitted, self.raw_transport = True, cast(asyncio.Transport, transport)
             live[id(self)] = self
-            super().connection_made(transport)
             for key in decision.evict:
                 victim = live.pop(key, None)    # type: ignore[arg-type]
                 if victim is not None:
-                    audit("connection evicted peer=%s reason=%s", peer_of(victim.transport), decision.reason)
-                    drop(victim, TRY_AGAIN_LATER, "connection cap: oldest unauthenticated connection dropped")
+                    audit("connection evicted peer=%s reason=%s", peer_of(victim.raw_transport), decision.reason)
+                    victim.drop(TRY_AGAIN_LATER, "connection cap: oldest unauthenticated connection dropped")
+            if tls is None:
+                self._ready(transport)
+            else:
+                transport.pause_reading()       # no TLS bytes into the WebSocket parser; start_tls resumes
+                asyncio.get_running_loop().create_task(self._start_tls(peer))
+
+        async def _start_tls(self, peer: str) -> None:
+            assert self.raw_transport is not None and tls is not None
+            try:
+                tls_transport = await asyncio.get_running_loop().start_tls(
+                    self.raw_transport, self, tls, server_side=True, ssl_handshake_timeout=tls_handshake_timeout_s)
+            except (OSError, ssl.SSLError, TimeoutError, ConnectionError, RuntimeError) as exc:
+                audit("TLS handshake failed peer=%s error=%s", peer, type(exc).__name__)
+                self.raw_transport.abort()
+                self._forget()
+                return
+            if tls_transport is None or self.raw_transport.is_closing():
+                self._forget()
+                return
+            self._ready(tls_transport)
+
+        def _ready(self, transport: asyncio.BaseTransport) -> None:
+            self.ready = True
+            super().connection_made(transport)
+
+        def drop(self, code: int, reason: str) -> None:
+            if self.ready:
+                drop(self, code, reason)
+            elif self.raw_transport is not None:
+                self.raw_transport.abort()      # still in the TLS handshake
+
+        def _forget(self) -> None:
+            live.pop(id(self), None)
+            admission.closed(id(self))
 
         def connection_lost(self, exc: Exception | None) -> None:
             if not self.admitted:
                 return
-            live.pop(id(self), None)
-            admission.closed(id(self))
-            super().connection_lost(exc)
+            self._forget()
+            if self.ready:
+                super().connection_lost(exc)
 
     return GatedConnection
 

@@ -103,7 +103,7 @@ def test_a_connection_flood_leaves_room_for_the_manager(agent, ledger):
                  detail=f"fds {fds_flooded}, clock RTT median {statistics.median(rtts):.2f} ms")
 
 
-def test_a_silent_connection_is_closed_after_the_hello_timeout(agent):
+def test_a_silent_connection_is_closed_after_the_hello_timeout(agent, ledger):
     async def go():
         async with connect(agent.url.replace("tcp://", "ws://")) as ws:
             challenge = json.loads(await ws.recv())
@@ -118,6 +118,7 @@ def test_a_silent_connection_is_closed_after_the_hello_timeout(agent):
     assert challenge["event"] == "challenge"
     assert reply["error"] == {"code": "unauthenticated", "message": "hello: no hello within 10 s", "field": "hmac"}
     assert 9 < waited < 13 and closed.rcvd.code == 1008 and closed.rcvd.reason == "no hello within 10 s"
+    ledger.fault("silent connection after the challenge", survived=True, detail=f"closed after {waited:.1f} s")
 
 
 async def guess_once(url: str, source: str) -> str:

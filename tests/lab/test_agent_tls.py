@@ -16,6 +16,7 @@ from orchestrator.agent_client import AgentClient, AgentError
 from orchestrator.inventory import Inventory
 from tests.support import agent_process, testca
 from tests.support.agent_process import free_port
+from tests.support.flood import idle_tcp
 
 
 @pytest.fixture
@@ -162,3 +163,30 @@ def test_an_impostor_agent_that_does_not_know_the_token_is_refused(forged):
     with pytest.raises(AgentError) as err:
         asyncio.run(go())
     assert err.value.code == "unauthenticated" and err.value.field == "proof" and "could not prove" in str(err.value)
+
+
+def test_silent_sockets_count_against_the_cap_during_the_tls_handshake(tls_agent, certs, ledger):
+    """TLS is negotiated after admission: a socket that never sends its ClientHello holds a slot of the 64, not
+    a descriptor outside the count."""
+    port = int(tls_agent.url.rsplit(":", 1)[1])
+    fds_before = tls_agent.fd_count()
+
+    async def go():
+        raw = await idle_tcp("127.0.0.1", port, "127.0.0.2", 300)
+        for i in range(1, 101):
+            raw += await idle_tcp("127.0.0.1", port, f"127.0.1.{i}", 4)
+        await asyncio.sleep(0.5)
+        fds_flooded = tls_agent.fd_count()
+        client = AgentClient("sv", tls_agent.url, tls_agent.token, tls=manager_tls(certs, tls_agent))
+        await client.connect()
+        _, rtt = await client.clock_offset_ns()
+        await client.close()
+        for w in raw:
+            w.close()
+        return len(raw), fds_flooded, rtt
+
+    n, fds_flooded, rtt = asyncio.run(go())
+    print(f"\nTLS agent under {n} silent TCP connections: fds {fds_before} -> {fds_flooded}; the manager "
+          f"connected, clock RTT {rtt / 1e6:.2f} ms")
+    assert n == 700 and fds_flooded <= fds_before + 64 + 2
+    ledger.fault("silent-socket flood against a TLS agent", survived=True, detail=f"fds {fds_flooded}")
