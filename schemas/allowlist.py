@@ -45,6 +45,10 @@ DEFAULT_MODULES: tuple[str, ...] = (
     "sch_pie", "sch_red", "sch_tbf",
 )
 
+# what a plan itself may name: the network stack only. A testbed may still widen its agents beyond `net.`, but
+# the plans of the studies never need that, so the plan validator refuses it with the file and line.
+PLAN_SYSCTL_ROOT = "net."
+
 _PREFIX = re.compile(r"^[a-z][a-z0-9_]*(?:\.(?:" + SYSCTL_COMPONENT + r"|\{interface\}))*[._]?$")
 _MODULE = re.compile(MODULE_NAME_PATTERN)
 
@@ -129,3 +133,7 @@ def sysctl_refusal(name: str, prefixes: Sequence[str]) -> str:
 def module_refusal(name: str, allowed: Sequence[str]) -> str:
     return (f"module {name} is not on this agent's allow-list ({', '.join(allowed) or 'empty'}); a testbed "
             "widens it with --allow-module")
+
+
+def plan_may_set_sysctl(name: str) -> bool:
+    return name.startswith(PLAN_SYSCTL_ROOT)
