@@ -70,7 +70,7 @@ def sysctl_prefixes(given: Sequence[str]) -> tuple[str, ...]:
     for entry in given or (DEFAULTS,):
         if entry == DEFAULTS:
             out += DEFAULT_SYSCTL_PREFIXES
-        elif "." not in entry or not _PREFIX.match(entry):
+        elif "." not in entry or not _PREFIX.fullmatch(entry):
             raise AllowListError(f"--allow-sysctl {entry!r}: not a sysctl prefix such as `net.ipv4.tcp_` or "
                                  f"`net.ipv4.conf.{INTERFACE}.`")
         else:
@@ -84,7 +84,7 @@ def modules(given: Sequence[str]) -> tuple[str, ...]:
     for entry in given or (DEFAULTS,):
         if entry == DEFAULTS:
             out += DEFAULT_MODULES
-        elif not _MODULE.match(entry):
+        elif not _MODULE.fullmatch(entry):
             raise AllowListError(f"--allow-module {entry!r}: not a module name")
         else:
             out.append(entry)
@@ -116,13 +116,13 @@ def prefix_covers(prefix: str, name: str) -> bool:
 def sysctl_allowed(name: str, prefixes: Iterable[str], interfaces: Iterable[str] = ()) -> bool:
     """Whether the sysctl `name` (dotted, sysctl(8) form) falls under one of `prefixes`, with `{interface}`
     standing for each of `interfaces`. A name that is not a sysctl name is never allowed."""
-    if len(name) > MAX_SYSCTL_NAME or not re.match(SYSCTL_NAME_PATTERN, name):
+    if len(name) > MAX_SYSCTL_NAME or not re.fullmatch(SYSCTL_NAME_PATTERN, name):
         return False
     return any(prefix_covers(p, name) for p in expand_prefixes(prefixes, interfaces))
 
 
 def module_allowed(name: str, allowed: Iterable[str]) -> bool:
-    return bool(_MODULE.match(name)) and name in set(allowed)
+    return bool(_MODULE.fullmatch(name)) and name in set(allowed)
 
 
 def sysctl_refusal(name: str, prefixes: Sequence[str]) -> str:

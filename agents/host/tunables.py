@@ -22,7 +22,7 @@ PARAM_NAME = re.compile(PARAM_NAME_PATTERN)
 
 def sysctl_path(name: str) -> Path:
     """/proc/sys path of a dotted name; a `/` inside a component is a `.` of the name (eth0/100: eth0.100)."""
-    if not SYSCTL_NAME.match(name):
+    if not SYSCTL_NAME.fullmatch(name):
         raise StateError(f"not a sysctl name: {name!r}", field=f"state.sysctls.{name}")
     return Path("/proc/sys", *(part.replace("/", ".") for part in name.split(".")))
 
@@ -44,13 +44,13 @@ def write_sysctl(name: str, value: str) -> None:
 
 
 def module_dir(module: str) -> Path:
-    if not MODULE_NAME.match(module):
+    if not MODULE_NAME.fullmatch(module):
         raise StateError(f"not a module name: {module!r}", field=f"state.module_params.{module}")
     return Path("/sys/module") / module
 
 
 def module_param_path(module: str, param: str) -> Path:
-    if not PARAM_NAME.match(param):
+    if not PARAM_NAME.fullmatch(param):
         raise StateError(f"not a module parameter: {module}.{param}", field=f"state.module_params.{module}")
     return module_dir(module) / "parameters" / param
 
