@@ -10,9 +10,9 @@ import pytest
 from pydantic import ValidationError
 
 from agents.__main__ import parse_args
-from agents.host.errors import NotAllowed
+from agents.host.errors import NotAllowed, StateError
 from agents.host.executor import HostStateExecutor
-from agents.host.tunables import sysctl_path
+from agents.host.tunables import ensure_module, sysctl_path
 from agents.session import AgentSession, Dispatch, expected_hmac
 from orchestrator.engine.verify import capability_problems
 from orchestrator.lab.supervisor import agent_argv
@@ -119,6 +119,14 @@ def test_a_missing_tool_is_one_line_naming_tool_and_host():
         procs.run(["tcplab-no-such-tool", "-V"])
     assert str(err.value).startswith("tcplab-no-such-tool not found on host ")
     assert isinstance(err.value, procs.CommandFailed)   # the executors turn it into a coded `failed`
+
+
+def test_a_missing_modprobe_is_a_state_error_naming_the_module(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))   # a host without modprobe (an empty PATH)
+    with pytest.raises(StateError) as err:
+        ensure_module("tcp_tcplab_absent")
+    assert "module tcp_tcplab_absent is not loaded and cannot be: modprobe not found on host" in str(err.value)
+    assert err.value.field == "state.module_params.tcp_tcplab_absent"
 
 
 # ------------------------------------------------------------------ the protocol boundary
