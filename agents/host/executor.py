@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 
 from agents.host import ethtool, neighbours
-from agents.host.argv import chain_argv, offload_argv, readback_argv, root_delete_argv
+from agents.host.argv import ChainError, chain_argv, offload_argv, readback_argv, root_delete_argv
 from agents.host.errors import NotAllowed, StateError
 from agents.host.readback import read_coalesce, read_features, read_neighbours, read_pause, readback
 from agents.host.tunables import (
@@ -97,8 +97,8 @@ class HostStateExecutor:
         self.snapshot = take_snapshot(self.interfaces, sysctl_names)
 
     def check_allowed(self, state: HostState) -> None:
-        """Refuse (NotAllowed) what the allow-lists do not cover, then (StateError) sysctls this kernel lacks;
-        both before anything is written."""
+        """Refuse (NotAllowed) what the allow-lists do not cover, then (StateError) sysctls this kernel lacks and
+        qdisc chains tc cannot build; all before anything is written."""
         for dev in state.interfaces:
             if dev not in self.interfaces:
                 raise NotAllowed(f"interface {dev!r} is not on this agent's allow-list {self.interfaces}",
@@ -113,6 +113,11 @@ class HostStateExecutor:
             if not sysctl_path(name).exists():
                 raise StateError(f"sysctl {name} does not exist on kernel {os.uname().release}",
                                  field=f"state.sysctls.{name}")
+        for dev, ifstate in state.interfaces.items():
+            try:
+                chain_argv(dev, list(ifstate.qdiscs))   # pure: a leaf with a child, a kind without a builder
+            except ChainError as exc:
+                raise StateError(str(exc), field=f"state.interfaces.{dev}.qdiscs") from exc
 
     def apply(self, state: HostState) -> Readback:
         self.check_allowed(state)

@@ -105,6 +105,14 @@ def test_the_executor_refuses_off_the_lists_naming_the_field(state, field):
     assert not host.touched_sysctls and not host.touched_params
 
 
+def test_a_chain_tc_cannot_build_is_refused_before_anything_is_written():
+    host = HostStateExecutor(IFACES)
+    two_leaves = [{"kind": "pfifo", "limit_packets": 10}, {"kind": "pfifo", "limit_packets": 10}]
+    with pytest.raises(StateError, match="cannot have a child qdisc") as err:
+        host.check_allowed(HostState.model_validate({"interfaces": {"to-aqm": {"qdiscs": two_leaves}}}))
+    assert err.value.field == "state.interfaces.to-aqm.qdiscs" and not isinstance(err.value, NotAllowed)
+
+
 def test_a_narrower_testbed_list_is_what_the_executor_enforces():
     host = HostStateExecutor(IFACES, sysctl_prefixes=["net.ipv4.tcp_ecn"], modules=["tcp_cubic"])
     host.check_allowed(HostState(sysctls={"net.ipv4.tcp_ecn": "1"}, module_params={"tcp_cubic": {"beta": "700"}}))
