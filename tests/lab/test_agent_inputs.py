@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -140,3 +142,40 @@ def test_the_manager_refuses_a_plan_off_the_allow_list_before_touching_any_host(
     assert subprocess.run(["ip", "netns", "exec", aqm_ns, "tc", "-j", "qdisc", "show", "dev", aqm_dev],
                           capture_output=True, text=True, check=True).stdout == qdiscs_before
     assert not any((tmp_path / "results").glob("*/runspec.json"))
+
+
+def test_a_testbed_narrows_or_widens_the_lists_with_the_agent_flags(lab, tmp_path):
+    """A second agent in the client namespace, started with the flags a testbed passes: hello reports exactly
+    those lists and apply enforces them."""
+    inv, _ = lab
+    ns, dev = inv.hosts["client"].namespace, inv.hosts["client"].iface_toward("aqm")
+    sock = tmp_path / "narrow.sock"
+    argv = ["ip", "netns", "exec", ns, sys.executable, "-m", "agents", "--name", "narrow", "--listen", f"unix:{sock}",
+            "--token-file", inv.token_file, "--interface", dev, "--artifacts", str(tmp_path / "artifacts"),
+            "--allow-sysctl", "net.ipv4.tcp_ecn", "--allow-sysctl", "net.ipv4.conf.{interface}.",
+            "--allow-module", "tcp_cubic"]
+    agent = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not sock.exists() and agent.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sock.exists(), f"agent exited {agent.poll()}"
+
+        async def go():
+            client = AgentClient("narrow", f"unix:{sock}", inv.token)
+            hello = await client.connect()
+            try:
+                with pytest.raises(AgentError) as err:
+                    await client.apply(protocol.ApplyArgs(run_id="x", state=HostState(
+                        sysctls={"net.ipv4.tcp_ecn": "1", "net.ipv4.tcp_sack": "1"})))
+                return hello, err.value
+            finally:
+                await client.close()
+
+        hello, err = asyncio.run(go())
+        assert hello.capabilities.allowed_sysctl_prefixes == ["net.ipv4.tcp_ecn", f"net.ipv4.conf.{dev}."]
+        assert hello.capabilities.allowed_modules == ["tcp_cubic"]
+        assert (err.code, err.field) == ("refused", "state.sysctls.net.ipv4.tcp_sack")
+    finally:
+        agent.terminate()
+        agent.wait(timeout=20)
