@@ -1,8 +1,9 @@
 """The host-state executor: apply a HostState, read it back, and reset to the hello-time snapshot.
 
-Only interfaces, sysctls and modules on the agent's allow-lists are touched, and a request naming anything else
-is refused whole before anything is written (no partial state). Everything apply changes is snapshotted first (at hello,
-or on first write for sysctls and module parameters outside the baseline), and reset restores exactly that.
+Only interfaces, sysctls and modules on the agent's allow-lists are touched, and a request naming anything
+else is refused whole before anything is written (no partial state). Everything apply changes is snapshotted
+first (at hello, or on first write for sysctls and module parameters outside the baseline), and reset restores
+exactly that.
 """
 from __future__ import annotations
 
