@@ -13,6 +13,7 @@ from websockets.asyncio.server import serve, unix_serve
 
 from agents.rootdir import ensure_artifacts_root
 from agents.server import Agent, ensure_tracefs
+from schemas import allowlist
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -22,7 +23,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--token-file", required=True, type=Path, help="shared secret of the testbed")
     p.add_argument("--interface", action="append", default=[], help="allow-listed data interface")
     p.add_argument("--artifacts", type=Path, required=True, help="directory for run artifacts")
-    return p.parse_args(argv)
+    p.add_argument("--allow-sysctl", action="append", default=[], metavar="PREFIX",
+                   help="sysctl prefix a plan may write (repeatable; `{interface}` stands for each --interface; "
+                   f"`{allowlist.DEFAULTS}` adds the defaults; none given: the defaults, "
+                   f"{' '.join(allowlist.DEFAULT_SYSCTL_PREFIXES)})")
+    p.add_argument("--allow-module", action="append", default=[], metavar="NAME",
+                   help="kernel module a plan may load and set parameters of (repeatable; "
+                   f"`{allowlist.DEFAULTS}` adds the defaults; none given: the defaults of schemas/allowlist.py)")
+    args = p.parse_args(argv)
+    try:   # checked here, so a typo stops the agent at start and not a run
+        allowlist.sysctl_prefixes(args.allow_sysctl)
+        allowlist.modules(args.allow_module)
+    except allowlist.AllowListError as exc:
+        p.error(str(exc))
+    return args
 
 
 async def serve_forever(args: argparse.Namespace) -> None:
@@ -31,7 +45,8 @@ async def serve_forever(args: argparse.Namespace) -> None:
     ensure_tracefs()
     # the capability probe blocks (tc, ethtool, netlink through pyroute2, whose sync sockets run their own
     # event loop): off this one
-    agent = await asyncio.to_thread(Agent, args.name, token, args.interface, artifacts)
+    agent = await asyncio.to_thread(Agent, args.name, token, args.interface, artifacts,
+                                    args.allow_sysctl, args.allow_module)
     stop = asyncio.get_running_loop().create_future()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, lambda: stop.done() or stop.set_result(None))
