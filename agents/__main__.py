@@ -16,6 +16,7 @@ from agents.admission import PreAuthLimits
 from agents.connections import BoundedLogFilter, gated_connection_factory
 from agents.rootdir import ensure_artifacts_root
 from agents.server import Agent, ensure_tracefs
+from schemas import allowlist
 from schemas.handshake import certificate_binding
 
 
@@ -26,6 +27,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--token-file", required=True, type=Path, help="shared secret of the testbed")
     p.add_argument("--interface", action="append", default=[], help="allow-listed data interface")
     p.add_argument("--artifacts", type=Path, required=True, help="directory for run artifacts")
+    p.add_argument("--allow-sysctl", action="append", default=[], metavar="PREFIX",
+                   help="sysctl prefix a plan may write (repeatable; `{interface}` stands for each --interface; "
+                   f"`{allowlist.DEFAULTS}` adds the defaults; none given: the defaults, "
+                   f"{' '.join(allowlist.DEFAULT_SYSCTL_PREFIXES)})")
+    p.add_argument("--allow-module", action="append", default=[], metavar="NAME",
+                   help="kernel module a plan may load and set parameters of (repeatable; "
+                   f"`{allowlist.DEFAULTS}` adds the defaults; none given: the defaults of schemas/allowlist.py)")
     p.add_argument("--tls-cert", type=Path, help="PEM certificate (chain) of this agent: TLS on tcp://")
     p.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
     p.add_argument("--tls-client-ca", type=Path,
@@ -37,6 +45,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--tls-client-ca needs --tls-cert and --tls-key")
     if args.tls_cert and not args.listen.startswith("tcp://"):
         p.error("TLS is for --listen tcp://HOST:PORT (a UNIX socket is protected by its file mode)")
+    try:   # checked here, so a typo stops the agent at start and not a run
+        allowlist.sysctl_prefixes(args.allow_sysctl)
+        allowlist.modules(args.allow_module)
+    except allowlist.AllowListError as exc:
+        p.error(str(exc))
     return args
 
 
@@ -75,7 +88,8 @@ async def serve_forever(args: argparse.Namespace) -> None:
     limits = PreAuthLimits()
     # the capability probe blocks (tc, ethtool, netlink through pyroute2, whose sync sockets run their own
     # event loop): off this one
-    agent = await asyncio.to_thread(Agent, args.name, token, args.interface, artifacts, binding, limits)
+    agent = await asyncio.to_thread(Agent, args.name, token, args.interface, artifacts,
+                                    args.allow_sysctl, args.allow_module, binding, limits)
     stop = asyncio.get_running_loop().create_future()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, lambda: stop.done() or stop.set_result(None))

@@ -18,12 +18,12 @@ from websockets.exceptions import ConnectionClosed
 from agents.admission import Admission, PreAuthLimits
 from agents.connections import POLICY_VIOLATION, BoundedLog, drop, peer_of, raise_frame_limit
 from agents.host.capabilities import probe
-from agents.host.errors import StateError
+from agents.host.errors import NotAllowed, StateError
 from agents.host.executor import HostStateExecutor
 from agents.ownership import RUN_OPS, RunOwnership, SessionId
 from agents.session import MAX_FRAME_CHARS, AgentSession, Dispatch, encode_error, encode_event, encode_result
 from agents.tasks import TaskRunner, make_runner
-from schemas import protocol
+from schemas import allowlist, protocol
 
 log = logging.getLogger("tcplab.agent")
 AGENT_VERSION = "0.1.0"
@@ -43,12 +43,19 @@ BASELINE_SYSCTLS = [
 
 class Agent:
     def __init__(self, name: str, token: bytes, interfaces: list[str], artifacts_root: Path,
+                 allow_sysctl: list[str] | None = None, allow_module: list[str] | None = None,
                  channel_binding: str = "", limits: PreAuthLimits | None = None):
+        """`allow_sysctl`, `allow_module`: the testbed's --allow-sysctl/--allow-module values (none: the
+        defaults of schemas/allowlist.py); a plan cannot widen them. `channel_binding`: sha256 of the agent's
+        TLS certificate ("" without TLS); `limits`: what a peer may hold before hello."""
         self.name, self.token = name, token
         self.interfaces = list(interfaces)
         self.artifacts_root = artifacts_root
-        self.host = HostStateExecutor(self.interfaces)
-        self.capabilities = probe(self.interfaces)
+        self.host = HostStateExecutor(
+            self.interfaces,
+            sysctl_prefixes=allowlist.expand_prefixes(allowlist.sysctl_prefixes(allow_sysctl or []), interfaces),
+            modules=list(allowlist.modules(allow_module or [])))
+        self.capabilities = probe(self.interfaces, self.host.sysctl_prefixes, self.host.modules)
         self.host.snapshot_now(BASELINE_SYSCTLS)
         self.applied = False
         self.run_id: str | None = None
@@ -180,7 +187,11 @@ class Agent:
     async def op_apply(self, args: protocol.ApplyArgs, ws) -> protocol.ApplyResult:
         if self._active():
             raise _Refused("busy", f"run {self.run_id} still has tasks running")
-        self.host.check_allowed(args.state)
+        try:
+            # refused whole before anything is written: off the allow-lists, or naming a sysctl this kernel lacks
+            await asyncio.to_thread(self.host.check_allowed, args.state)
+        except NotAllowed as exc:
+            raise _Refused("refused", str(exc), field=exc.field) from exc
         self.applied = True
         log.info("apply host=%s run=%s", self.name, args.run_id)
         readback = await asyncio.to_thread(self.host.apply, args.state)

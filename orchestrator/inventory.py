@@ -35,6 +35,10 @@ class HostEntry(_Strict):
     agent: str
     namespace: str | None = None
     interfaces: dict[str, InterfaceEntry]
+    # what the testbed lets a plan make this agent write (its --allow-sysctl / --allow-module; empty: the
+    # defaults of schemas/allowlist.py); the labs' supervisor starts the agents with them
+    allow_sysctl: list[str] = Field(default_factory=list, description="sysctl prefixes the agent may write")
+    allow_module: list[str] = Field(default_factory=list, description="modules the agent may load and configure")
 
     def iface_toward(self, role: str) -> str:
         for name, entry in self.interfaces.items():

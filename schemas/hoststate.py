@@ -6,10 +6,11 @@ kinds of `schemas.qdiscs` (one module per kind; re-exported here as part of this
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
+from schemas.nic import COALESCE_BOOL_NAMES, COALESCE_INT_NAMES, OFFLOAD_LONG_NAMES
 from schemas.qdiscs import (  # noqa: F401 - re-exported: the stages are part of the desired state
     Bfifo,
     Cake,
@@ -28,24 +29,30 @@ from schemas.qdiscs import (  # noqa: F401 - re-exported: the stages are part of
     Tbf,
 )
 from schemas.qdiscs.base import Strict as _Strict
+from schemas.strings import InterfaceName, IPAddress, KernelValue, MacAddress, ModuleName, ParamName, SysctlName
+
+# names ethtool accepts: a key outside them would reach ethtool's argv or a KeyError in the agent
+OffloadName = Literal[tuple(OFFLOAD_LONG_NAMES)]  # type: ignore[valid-type]
+CoalesceName = Literal[tuple(sorted(COALESCE_INT_NAMES | COALESCE_BOOL_NAMES))]  # type: ignore[valid-type]
+CoalesceValue = Annotated[int, Field(ge=0, le=2**32 - 1)] | bool
 
 
 class InterfaceState(_Strict):
     """State of one data interface. `qdiscs` is the chain from the root down, in plan order."""
 
-    offloads: dict[str, bool] = Field(default_factory=dict, description="ethtool -K short names")
+    offloads: dict[OffloadName, bool] = Field(default_factory=dict, description="ethtool -K short names")
     qdiscs: list[QdiscStage] = Field(default_factory=list)
-    coalesce: dict[str, int | bool] = Field(
+    coalesce: dict[CoalesceName, CoalesceValue] = Field(
         default_factory=dict, description="ethtool -C parameter -> value (integers; on/off for adaptive-*)")
     pause: dict[Literal["autoneg", "rx", "tx"], bool] = Field(
         default_factory=dict, description="ethtool -A pause-frame settings")
-    neighbours: dict[str, str] = Field(
+    neighbours: dict[IPAddress, MacAddress] = Field(
         default_factory=dict, description="peer address -> MAC, made `nud permanent` (G-ARP)")
 
 
 class HostState(_Strict):
-    sysctls: dict[str, str] = Field(default_factory=dict, description="dotted sysctl name -> value")
-    module_params: dict[str, dict[str, str]] = Field(
+    sysctls: dict[SysctlName, KernelValue] = Field(default_factory=dict, description="dotted sysctl name -> value")
+    module_params: dict[ModuleName, dict[ParamName, KernelValue]] = Field(
         default_factory=dict, description="module -> parameter -> value (/sys/module/M/parameters/P)")
-    interfaces: dict[str, InterfaceState] = Field(default_factory=dict)
+    interfaces: dict[InterfaceName, InterfaceState] = Field(default_factory=dict)
     flush_tcp_metrics: bool = True

@@ -3,6 +3,7 @@ failures typed. It lives in schemas/ because both sides need it and the manager 
 from __future__ import annotations
 
 import asyncio
+import socket
 import subprocess
 from dataclasses import dataclass
 
@@ -11,6 +12,16 @@ class CommandFailed(Exception):
     def __init__(self, argv: list[str], returncode: int, stderr: str):
         self.argv, self.returncode, self.stderr = argv, returncode, stderr.strip()
         super().__init__(f"{' '.join(argv)} exited {returncode}: {self.stderr}")
+
+
+class ToolMissing(CommandFailed):
+    """The program is not installed (or not on PATH): said in one line, never a FileNotFoundError traceback."""
+
+    def __init__(self, argv: list[str]):
+        super().__init__(argv, 127, f"{argv[0]} not found on host {socket.gethostname()}")
+
+    def __str__(self) -> str:
+        return self.stderr
 
 
 @dataclass(frozen=True)
@@ -25,7 +36,10 @@ def run(argv: list[str], check: bool = True, timeout: float = 30.0) -> Completed
     """Run a short tool invocation synchronously (tc, ethtool, ip): they take milliseconds."""
     if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
         raise TypeError("argv must be a list of str")
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except FileNotFoundError:
+        raise ToolMissing(argv) from None
     done = Completed(argv, proc.returncode, proc.stdout, proc.stderr)
     if check and proc.returncode != 0:
         raise CommandFailed(argv, proc.returncode, proc.stderr or proc.stdout)

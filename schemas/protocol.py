@@ -13,9 +13,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas import limits
+from schemas.allowlist import DEFAULT_MODULES, DEFAULT_SYSCTL_PREFIXES
 from schemas.handshake import NONCE_PATTERN
 from schemas.hoststate import HostState
 from schemas.identifiers import RUN_ID_PATTERN, TASK_ID_PATTERN
+from schemas.strings import InterfaceName, IPAddress
 
 PROTOCOL_VERSION = 2   # 2: mutual authentication in hello (manager nonce, agent proof)
 # a manager's name goes into the agent's log: no spaces, newlines or control characters that could forge a line
@@ -58,7 +60,7 @@ class Iperf3ServerTask(_TaskBase):
 class Iperf3ClientTask(_TaskBase):
     kind: Literal["iperf3_client"] = "iperf3_client"
     port: int = Field(ge=1024, le=65535)
-    dst_addr: str
+    dst_addr: IPAddress = Field(description="the server's address (iperf3 -c)")
     cc: str = Field(pattern=r"^[a-z0-9_]{1,32}$")
     duration_s: float = Field(gt=0, le=limits.MAX_RUN_SECONDS,
                               description="send for this long (unless `bytes` is set)")
@@ -71,7 +73,7 @@ class Iperf3ClientTask(_TaskBase):
 
 class CaptureTask(_TaskBase):
     kind: Literal["capture"] = "capture"
-    interface: str
+    interface: InterfaceName
     stop_ns: int
     snaplen: int = Field(default=128, ge=96, le=65535)
     buffer_kib: int = Field(default=32768, ge=1024)
@@ -86,7 +88,7 @@ class TcpProbeTask(_TaskBase):
 
 class QdiscStatsTask(_TaskBase):
     kind: Literal["qdisc_stats"] = "qdisc_stats"
-    interface: str
+    interface: InterfaceName
     stop_ns: int
     interval_ms: int = Field(default=10, ge=limits.MIN_SAMPLE_INTERVAL_MS, le=limits.MAX_SAMPLE_INTERVAL_MS)
 
@@ -100,7 +102,7 @@ class SsSampleTask(_TaskBase):
                              description="polling interval")
     ports: list[int] = Field(min_length=1, max_length=limits.MAX_PORTS_PER_SAMPLER,
                              description="list sockets whose remote (destination) port is one of these")
-    dst_addrs: list[Annotated[str, Field(pattern=r"^[0-9A-Fa-f:.]{2,45}$")]] = Field(
+    dst_addrs: list[IPAddress] = Field(
         default_factory=list, max_length=16, description="... and whose remote address is one of these (any if empty)")
 
 
@@ -174,6 +176,12 @@ class Capabilities(_Msg):
                          "kernel and its CPUs (netns lab)")
     socket_diag: bool = Field(True, description="inet_diag answers for TCP (tcp_diag): `ss -ti` shows TCP_INFO "
                               "(without it ss reads /proc/net/tcp: no cwnd, no DCTCP alpha)")
+    # an agent older than the allow-lists reports none: the manager then assumes the defaults
+    allowed_sysctl_prefixes: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_SYSCTL_PREFIXES),
+        description="sysctl prefixes this agent writes (schemas/allowlist.py; `{interface}` already expanded)")
+    allowed_modules: list[str] = Field(default_factory=lambda: list(DEFAULT_MODULES),
+                                       description="kernel modules this agent loads and sets parameters of")
 
 
 class HelloResult(_Msg):

@@ -71,7 +71,7 @@ def probe_qdiscs() -> list[str]:
 def _first_line(argv: list[str]) -> str:
     try:
         done = procs.run(argv, check=False, timeout=5)
-    except FileNotFoundError:
+    except procs.ToolMissing:
         return "missing"
     text = (done.stdout or done.stderr).strip().splitlines()
     return text[0] if text else "unknown"
@@ -88,7 +88,8 @@ def tcp_socket_diag() -> bool:
         return False
 
 
-def probe(interfaces: list[str]) -> Capabilities:
+def probe(interfaces: list[str], sysctl_prefixes: list[str], modules: list[str]) -> Capabilities:
+    """What the host can do, and what this agent may be asked to write (its allow-lists, reported as given)."""
     root = tracefs_root()
     tracepoints = []
     if root and (root / "events/tcp/tcp_probe").is_dir():
@@ -113,4 +114,6 @@ def probe(interfaces: list[str]) -> Capabilities:
         tracepoints=tracepoints,
         socket_diag=tcp_socket_diag(),
         boot_id=Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
+        allowed_sysctl_prefixes=list(sysctl_prefixes),
+        allowed_modules=list(modules),
     )

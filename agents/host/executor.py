@@ -1,16 +1,19 @@
 """The host-state executor: apply a HostState, read it back, and reset to the hello-time snapshot.
 
-Only interfaces on the agent's allow-list are touched. Everything apply changes is snapshotted first (at hello,
-or on first write for sysctls and module parameters outside the baseline), and reset restores exactly that.
+Only interfaces, sysctls and modules on the agent's allow-lists are touched, and a request naming anything
+else is refused whole before anything is written (no partial state). Everything apply changes is snapshotted
+first (at hello, or on first write for sysctls and module parameters outside the baseline), and reset restores
+exactly that.
 """
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 
 from agents.host import ethtool, neighbours
-from agents.host.argv import chain_argv, offload_argv, readback_argv, root_delete_argv
-from agents.host.errors import StateError
+from agents.host.argv import ChainError, chain_argv, offload_argv, readback_argv, root_delete_argv
+from agents.host.errors import NotAllowed, StateError
 from agents.host.readback import read_coalesce, read_features, read_neighbours, read_pause, readback
 from agents.host.tunables import (
     ensure_module,
@@ -21,7 +24,7 @@ from agents.host.tunables import (
     write_module_param,
     write_sysctl,
 )
-from schemas import procs
+from schemas import allowlist, procs
 from schemas.hoststate import HostState, InterfaceState
 from schemas.neighbours import permanent_neighbours
 from schemas.nic import OFFLOAD_LONG_NAMES
@@ -79,8 +82,14 @@ def snapshot_differences(want: Snapshot, got: Snapshot) -> list[str]:
 
 
 class HostStateExecutor:
-    def __init__(self, interfaces: list[str]):
+    """`sysctl_prefixes` and `modules` are the testbed's allow-lists (`{interface}` already expanded)."""
+
+    def __init__(self, interfaces: list[str], sysctl_prefixes: list[str] | None = None,
+                 modules: list[str] | None = None):
         self.interfaces = list(interfaces)
+        self.sysctl_prefixes = list(sysctl_prefixes if sysctl_prefixes is not None else
+                                    allowlist.expand_prefixes(allowlist.DEFAULT_SYSCTL_PREFIXES, interfaces))
+        self.modules = list(modules if modules is not None else allowlist.DEFAULT_MODULES)
         self.snapshot = Snapshot()
         self.touched_sysctls: set[str] = set()
         self.touched_params: set[tuple[str, str]] = set()
@@ -89,15 +98,36 @@ class HostStateExecutor:
         self.snapshot = take_snapshot(self.interfaces, sysctl_names)
 
     def check_allowed(self, state: HostState) -> None:
+        """Refuse (NotAllowed) what the allow-lists do not cover, then (StateError) sysctls this kernel lacks and
+        qdisc chains tc cannot build; all before anything is written."""
         for dev in state.interfaces:
             if dev not in self.interfaces:
-                raise StateError(f"interface {dev!r} is not on this agent's allow-list {self.interfaces}",
+                raise NotAllowed(f"interface {dev!r} is not on this agent's allow-list {self.interfaces}",
                                  field=f"state.interfaces.{dev}")
         for name in state.sysctls:
-            sysctl_path(name)
+            if not allowlist.sysctl_allowed(name, self.sysctl_prefixes):
+                raise NotAllowed(allowlist.sysctl_refusal(name, self.sysctl_prefixes), field=f"state.sysctls.{name}")
+        for module in state.module_params:
+            if not allowlist.module_allowed(module, self.modules):
+                raise NotAllowed(allowlist.module_refusal(module, self.modules), field=f"state.module_params.{module}")
+        for name in state.sysctls:
+            if not sysctl_path(name).exists():
+                raise StateError(f"sysctl {name} does not exist on kernel {os.uname().release}",
+                                 field=f"state.sysctls.{name}")
+        for dev, ifstate in state.interfaces.items():
+            try:
+                chain_argv(dev, list(ifstate.qdiscs))   # pure: a leaf with a child, a kind without a builder
+            except ChainError as exc:
+                raise StateError(str(exc), field=f"state.interfaces.{dev}.qdiscs") from exc
 
     def apply(self, state: HostState) -> Readback:
         self.check_allowed(state)
+        try:
+            return self._apply(state)
+        except procs.CommandFailed as exc:   # a tool that failed or is missing: its own words, no traceback
+            raise StateError(str(exc)) from exc
+
+    def _apply(self, state: HostState) -> Readback:
         for name, value in state.sysctls.items():
             if name not in self.snapshot.sysctls and sysctl_path(name).exists():
                 self.snapshot.sysctls[name] = read_sysctl(name)
@@ -126,7 +156,7 @@ class HostStateExecutor:
         self._apply_coalesce(dev, ifstate.coalesce)
         self._apply_pause(dev, ifstate.pause)
         for addr, lladdr in ifstate.neighbours.items():
-            procs.run(neighbours.replace_argv(dev, addr, lladdr))
+            self._run(neighbours.replace_argv(dev, addr, lladdr), f"state.interfaces.{dev}.neighbours.{addr}")
         self._reset_root(dev)
         for argv in chain_argv(dev, list(ifstate.qdiscs)):
             try:
@@ -189,6 +219,12 @@ class HostStateExecutor:
 
     def reset(self) -> list[str]:
         """Restore the hello snapshot; return the differences that remain (empty = exact)."""
+        try:
+            return self._reset()
+        except procs.CommandFailed as exc:
+            raise StateError(str(exc)) from exc
+
+    def _reset(self) -> list[str]:
         for name in sorted(self.touched_sysctls):
             if name in self.snapshot.sysctls:
                 write_sysctl(name, self.snapshot.sysctls[name])

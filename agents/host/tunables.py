@@ -2,7 +2,8 @@
 /sys/module/<module>/parameters, plus the congestion-control lists /proc/sys reports.
 
 Only sysctls and module parameters that exist on this kernel are written (G-SYSCTL): an unknown name is
-refused, never skipped. Names are checked against a pattern before they become paths.
+refused, never skipped. Names are checked against a pattern before they become paths; whether the agent may
+write them at all (its allow-lists, schemas/allowlist.py) is decided before, by the executor.
 """
 from __future__ import annotations
 
@@ -12,15 +13,18 @@ from pathlib import Path
 
 from agents.host.errors import StateError
 from schemas import procs
+from schemas.allowlist import MODULE_NAME_PATTERN, PARAM_NAME_PATTERN, SYSCTL_NAME_PATTERN
 
-SYSCTL_NAME = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_-]+)+$")
-MODULE_NAME = re.compile(r"^[a-z0-9_]+$")
-PARAM_NAME = re.compile(r"^[A-Za-z0-9_]+$")
+SYSCTL_NAME = re.compile(SYSCTL_NAME_PATTERN)
+MODULE_NAME = re.compile(MODULE_NAME_PATTERN)
+PARAM_NAME = re.compile(PARAM_NAME_PATTERN)
+
 
 def sysctl_path(name: str) -> Path:
-    if not SYSCTL_NAME.match(name):
+    """/proc/sys path of a dotted name; a `/` inside a component is a `.` of the name (eth0/100: eth0.100)."""
+    if not SYSCTL_NAME.fullmatch(name):
         raise StateError(f"not a sysctl name: {name!r}", field=f"state.sysctls.{name}")
-    return Path("/proc/sys") / name.replace(".", "/")
+    return Path("/proc/sys", *(part.replace("/", ".") for part in name.split(".")))
 
 
 def read_sysctl(name: str) -> str:
@@ -40,13 +44,13 @@ def write_sysctl(name: str, value: str) -> None:
 
 
 def module_dir(module: str) -> Path:
-    if not MODULE_NAME.match(module):
+    if not MODULE_NAME.fullmatch(module):
         raise StateError(f"not a module name: {module!r}", field=f"state.module_params.{module}")
     return Path("/sys/module") / module
 
 
 def module_param_path(module: str, param: str) -> Path:
-    if not PARAM_NAME.match(param):
+    if not PARAM_NAME.fullmatch(param):
         raise StateError(f"not a module parameter: {module}.{param}", field=f"state.module_params.{module}")
     return module_dir(module) / "parameters" / param
 
@@ -58,7 +62,11 @@ def read_module_param(module: str, param: str) -> str:
 def ensure_module(module: str) -> None:
     """A CC module loads on first use; its parameters must be set before that, so load it now (G-CC)."""
     if not module_dir(module).exists():
-        procs.run(["modprobe", module], check=False)
+        try:
+            procs.run(["modprobe", module], check=False)
+        except procs.ToolMissing as exc:
+            raise StateError(f"module {module} is not loaded and cannot be: {exc}",
+                             field=f"state.module_params.{module}") from None
     if not module_dir(module).exists():
         raise StateError(f"module {module} is not loaded and cannot be loaded on kernel {os.uname().release}",
                          field=f"state.module_params.{module}")

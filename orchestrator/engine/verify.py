@@ -6,7 +6,7 @@ parameter is compared with what the kernel reports, and each mismatch is named.
 from __future__ import annotations
 
 from orchestrator.plan import RunSpec
-from schemas import protocol
+from schemas import allowlist, protocol
 from schemas.flag import Flag
 from schemas.hoststate import HostState, InterfaceState
 from schemas.neighbours import permanent_neighbours
@@ -152,6 +152,7 @@ def capability_problems(spec: RunSpec, caps: dict[str, protocol.Capabilities]) -
             problems.append(f"host {f.src} (kernel {c.kernel_release}) lacks congestion control {f.cc} "
                             f"(available: {' '.join(c.congestion_controls)})")
     problems += nic_problems(spec, caps)
+    problems += allowlist_problems(spec, caps)
     problems += unsupported_features(spec, caps)
     sender_needs = [  # (asked for, the sender has it, what it lacks)
         (spec.tcp_probe, lambda c: "tcp:tcp_probe" in c.tracepoints, "tracepoint tcp:tcp_probe"),
@@ -162,6 +163,21 @@ def capability_problems(spec: RunSpec, caps: dict[str, protocol.Capabilities]) -
         problems += [f"host {role} (kernel {c.kernel_release}) lacks {what}"
                      for asked, has, what in sender_needs if c and asked and not has(c)]
     return sorted(set(problems))
+
+
+def allowlist_problems(spec: RunSpec, caps: dict[str, protocol.Capabilities]) -> list[str]:
+    """Sysctls and modules outside a host agent's allow-lists (the testbed's, reported in hello): the agent
+    would refuse them, so the plan is refused before any host is touched."""
+    out = []
+    for role, hp in spec.hosts.items():
+        c = caps.get(role)
+        if c is None:
+            continue
+        out += [f"host {role}: {allowlist.sysctl_refusal(name, c.allowed_sysctl_prefixes)}"
+                for name in hp.sysctls if not allowlist.sysctl_allowed(name, c.allowed_sysctl_prefixes)]
+        out += [f"host {role}: {allowlist.module_refusal(module, c.allowed_modules)}"
+                for module in hp.module_params if not allowlist.module_allowed(module, c.allowed_modules)]
+    return out
 
 
 def nic_problems(spec: RunSpec, caps: dict[str, protocol.Capabilities]) -> list[str]:

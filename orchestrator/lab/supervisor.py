@@ -21,6 +21,10 @@ def agent_argv(role: str, host: dict, token_file: str, prefix: str) -> list[str]
             "--artifacts", str(AGENT_ARTIFACTS / prefix / role)]
     for ifname in host["interfaces"]:
         argv += ["--interface", ifname]
+    for sysctl_prefix in host.get("allow_sysctl", []):     # the testbed's allow-lists (none: the agent's defaults)
+        argv += ["--allow-sysctl", sysctl_prefix]
+    for module in host.get("allow_module", []):
+        argv += ["--allow-module", module]
     return argv
 
 

@@ -13,6 +13,7 @@ from orchestrator.plan.model.paths import KeyPath
 from orchestrator.plan.model.qdiscs import BfifoQueue, HtbStage, MarkQueue, RedQueue
 from orchestrator.plan.model.template import ALL_HOSTS, RunTemplate
 from orchestrator.plan.model.units import format_rate, format_time_ns
+from schemas import allowlist
 
 
 def _role(roles: list[str], value: str, path: KeyPath, out: list[Problem]) -> None:
@@ -32,6 +33,11 @@ def _hosts(t: RunTemplate, roles: list[str], out: list[Problem]) -> None:
         if role != ALL_HOSTS and role not in roles:
             out.append(Problem(("hosts", role), f"unknown role {role!r} (roles: {', '.join(roles)}, or "
                                f"{ALL_HOSTS!r})", at_key=True))
+        for name in settings.sysctls:   # an agent refuses them anyway (schemas/allowlist.py): say it here, located
+            if not allowlist.plan_may_set_sysctl(name):
+                out.append(Problem(("hosts", role, "sysctls", name), f"sysctl {name} is outside "
+                                   f"`{allowlist.PLAN_SYSCTL_ROOT}`: a plan configures the network stack only "
+                                   "(kernel., vm., fs. could run code as root)", at_key=True))
         for toward, stages in settings.qdiscs.items():
             path: KeyPath = ("hosts", role, "qdiscs", toward)
             if role == ALL_HOSTS:
