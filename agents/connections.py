@@ -144,8 +144,11 @@ class BoundedLog:
 
 
 class BoundedLogFilter(logging.Filter):
-    """For the websockets library's own logger: no tracebacks for a peer's broken handshake, and at most the
-    budget's lines per window (the library logs one error per failed handshake)."""
+    """For the websockets library's own logger: no traceback for a peer's broken handshake (the library logs
+    one error with a traceback per failed handshake), and at most the budget's lines per window. Other
+    tracebacks -- a failure in the agent's own handler -- are kept: they are bugs to see."""
+
+    PEER_CAUSED = ("opening handshake failed",)
 
     def __init__(self, budget: LogBudget | None = None, clock: Callable[[], float] = time.monotonic):
         super().__init__()
@@ -155,5 +158,6 @@ class BoundedLogFilter(logging.Filter):
         allowed, suppressed = self.budget.allow(self.clock())
         if suppressed and allowed:
             record.msg = f"{record.msg} ({suppressed} earlier lines suppressed)"
-        record.exc_info, record.exc_text = None, None
+        if str(record.msg).startswith(self.PEER_CAUSED):
+            record.exc_info, record.exc_text = None, None
         return allowed

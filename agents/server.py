@@ -91,6 +91,8 @@ class Agent:
         async with asyncio.timeout(self.admission.limits.hello_timeout_s) as hello_deadline:
             async for frame in ws:
                 was_authenticated = session.authenticated
+                # only authenticated frames can be this large (64 KiB before hello), so the hello gate, which
+                # reads the shared admission table, never runs in the worker thread
                 out = (await asyncio.to_thread(session.receive, frame) if len(frame) > OFF_LOOP_CHARS
                        else session.receive(frame))
                 if session.authenticated and not was_authenticated:

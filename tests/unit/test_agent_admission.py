@@ -237,3 +237,24 @@ def test_an_empty_token_file_stops_the_agent_naming_the_file(tmp_path, content):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and f"--token-file {token}: the file is empty" in proc.stderr
     assert not (tmp_path / "a.sock").exists() and not (tmp_path / "art").exists()
+
+
+def test_the_websockets_log_is_bounded_and_loses_only_peer_caused_tracebacks():
+    import logging
+
+    from agents.connections import BoundedLogFilter
+
+    now = [0.0]
+    f = BoundedLogFilter(LogBudget(lines=20, window_s=10), clock=lambda: now[0])
+
+    def record(msg: str) -> logging.LogRecord:
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            return logging.LogRecord("ws", logging.ERROR, __file__, 1, msg, None, sys.exc_info())
+
+    passed = [r for r in (record("opening handshake failed") for _ in range(10_000)) if f.filter(r)]
+    assert len(passed) == 20 and all(r.exc_info is None for r in passed)
+    now[0] = 11.0
+    bug = record("connection handler failed")
+    assert f.filter(bug) and bug.exc_info is not None and "9980 earlier lines suppressed" in bug.msg
