@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import logging
 import os
 import shutil
@@ -12,11 +13,15 @@ import time
 from pathlib import Path
 
 from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import ConnectionClosed
 
+from agents.admission import Admission, PreAuthLimits
+from agents.connections import POLICY_VIOLATION, BoundedLog, drop, peer_of, raise_frame_limit
 from agents.host.capabilities import probe
 from agents.host.errors import NotAllowed, StateError
 from agents.host.executor import HostStateExecutor
-from agents.session import AgentSession, Dispatch, encode_error, encode_event, encode_result
+from agents.ownership import RUN_OPS, RunOwnership, SessionId
+from agents.session import MAX_FRAME_CHARS, AgentSession, Dispatch, encode_error, encode_event, encode_result
 from agents.tasks import TaskRunner, make_runner
 from schemas import allowlist, protocol
 
@@ -24,6 +29,8 @@ log = logging.getLogger("tcplab.agent")
 AGENT_VERSION = "0.1.0"
 CHUNK = 256 * 1024
 KEEP_RUNS = 3
+OFF_LOOP_CHARS = 64 * 1024   # frames larger than this are decoded and validated in a thread, not on the loop
+LOCK_WAIT_S = 1.0            # a run op that finds another one in progress is answered `busy`, not queued
 # sysctls snapshotted at hello (evidence + reset baseline); others are snapshotted on first write
 BASELINE_SYSCTLS = [
     "net.ipv4.tcp_ecn", "net.ipv4.tcp_ecn_fallback", "net.ipv4.tcp_sack", "net.ipv4.tcp_timestamps",
@@ -36,9 +43,11 @@ BASELINE_SYSCTLS = [
 
 class Agent:
     def __init__(self, name: str, token: bytes, interfaces: list[str], artifacts_root: Path,
-                 allow_sysctl: list[str] | None = None, allow_module: list[str] | None = None):
+                 allow_sysctl: list[str] | None = None, allow_module: list[str] | None = None,
+                 channel_binding: str = "", limits: PreAuthLimits | None = None):
         """`allow_sysctl`, `allow_module`: the testbed's --allow-sysctl/--allow-module values (none: the
-        defaults of schemas/allowlist.py); a plan cannot widen them."""
+        defaults of schemas/allowlist.py); a plan cannot widen them. `channel_binding`: sha256 of the agent's
+        TLS certificate ("" without TLS); `limits`: what a peer may hold before hello."""
         self.name, self.token = name, token
         self.interfaces = list(interfaces)
         self.artifacts_root = artifacts_root
@@ -53,24 +62,84 @@ class Agent:
         self.runners: list[TaskRunner] = []
         self.jobs: list[asyncio.Task] = []
         self.lock = asyncio.Lock()
+        self.channel_binding = channel_binding       # sha256 of our TLS certificate, "" without TLS
+        self.admission = Admission(limits)
+        self.audit = BoundedLog(log)                 # lines caused by unauthenticated peers, rate-limited
+        self.ownership = RunOwnership()
+        self.sessions: dict[ServerConnection, SessionId] = {}   # authenticated connections
+        self._proofs: dict[ServerConnection, str] = {}          # the agent's hello proof, until hello answers
+        self._numbers = itertools.count(1)
 
     # ------------------------------------------------------------ connection loop
     async def handle(self, ws: ServerConnection) -> None:
-        session = AgentSession(self.token)
-        await ws.send(session.greeting())
-        async for frame in ws:
-            out = session.receive(frame)
-            if isinstance(out, str):
-                await ws.send(out)
-            else:
-                await self._dispatch(ws, out)
-            if session.closed:
-                break
+        peer = peer_of(ws.transport)
+        session = AgentSession(self.token, channel_binding=self.channel_binding, limits=self.admission.limits,
+                               hello_gate=lambda: self.admission.hello_refusal(peer, time.monotonic()))
+        try:
+            await ws.send(session.greeting())
+            await self._serve(ws, session, peer)
+        except TimeoutError:
+            await self._hello_timed_out(ws, peer)
+        except ConnectionClosed:
+            pass
+        finally:
+            self._disconnected(ws)
         await ws.close()
+
+    async def _serve(self, ws: ServerConnection, session: AgentSession, peer: str) -> None:
+        """Frames until the session closes; TimeoutError when no hello came within the hello timeout."""
+        async with asyncio.timeout(self.admission.limits.hello_timeout_s) as hello_deadline:
+            async for frame in ws:
+                was_authenticated = session.authenticated
+                # only authenticated frames can be this large (64 KiB before hello), so the hello gate, which
+                # reads the shared admission table, never runs in the worker thread
+                out = (await asyncio.to_thread(session.receive, frame) if len(frame) > OFF_LOOP_CHARS
+                       else session.receive(frame))
+                if session.authenticated and not was_authenticated:
+                    hello_deadline.reschedule(None)
+                    self._authenticated(ws, session, peer)
+                if session.hello_failed:
+                    self.admission.hello_failed(peer, time.monotonic())
+                    self.audit("hello refused peer=%s reason=wrong proof of the token", peer)
+                if isinstance(out, str):
+                    await ws.send(out)
+                else:
+                    await self._dispatch(ws, out)
+                if session.closed:
+                    if session.close_reason:
+                        self.audit("connection closed peer=%s reason=%s", peer, session.close_reason)
+                    drop(ws, POLICY_VIOLATION if session.close_reason else 1000, session.close_reason)
+                    return
+
+    async def _hello_timed_out(self, ws: ServerConnection, peer: str) -> None:
+        message = f"no hello within {self.admission.limits.hello_timeout_s:g} s"
+        self.audit("connection closed peer=%s reason=%s", peer, message)
+        try:
+            await ws.send(encode_error(None, "unauthenticated", message, field="hmac", op="hello"))
+        except ConnectionClosed:
+            pass
+        drop(ws, POLICY_VIOLATION, message)
+
+    def _authenticated(self, ws: ServerConnection, session: AgentSession, peer: str) -> None:
+        """Lift the pre-authentication limits for this connection and give it a session identity."""
+        raise_frame_limit(ws, MAX_FRAME_CHARS)
+        self.admission.authenticated(id(ws))
+        self.sessions[ws] = SessionId(next(self._numbers), session.peer or "", peer)
+        self._proofs[ws] = session.proof or ""
+
+    def _disconnected(self, ws: ServerConnection) -> None:
+        sid = self.sessions.pop(ws, None)
+        self._proofs.pop(ws, None)
+        if self.ownership.disconnected(sid):
+            assert sid is not None
+            log.info("owner gone host=%s run=%s %s: the run can be taken over", self.name, self.run_id,
+                     sid.describe())
 
     async def _dispatch(self, ws: ServerConnection, d: Dispatch) -> None:
         try:
-            async with self.lock:
+            if d.op in RUN_OPS:
+                result = await self._run_op(ws, d)
+            else:                                      # hello, clock, bye: never wait behind a run op
                 result = await getattr(self, f"op_{d.op}")(d.args, ws)
             await ws.send(encode_result(d.id, d.op, result))
         except StateError as exc:
@@ -78,16 +147,38 @@ class Agent:
             await ws.send(encode_error(d.id, "failed", str(exc), field=exc.field, op=d.op))
         except _Refused as exc:
             await ws.send(encode_error(d.id, exc.code, str(exc), field=exc.field, op=d.op))
+        except ConnectionClosed:
+            raise
         except Exception as exc:  # reported to the manager, never swallowed
             log.exception("op crashed host=%s run=%s op=%s", self.name, self.run_id, d.op)
             await ws.send(encode_error(d.id, "failed", f"{type(exc).__name__}: {exc}", op=d.op))
 
+    async def _run_op(self, ws: ServerConnection, d: Dispatch):
+        """An op on the host's run: only by the owning session (or any, once the owner is gone), and never
+        queued behind another op for longer than LOCK_WAIT_S."""
+        sid = self.sessions[ws]
+        if refusal := self.ownership.refusal(d.op, sid, self.run_id):
+            raise _Refused(refusal.code, refusal.message, field=refusal.field)
+        try:
+            await asyncio.wait_for(self.lock.acquire(), LOCK_WAIT_S)
+        except TimeoutError:
+            raise _Refused("busy", f"another operation on this host is in progress (run {self.run_id})",
+                           field="run_id") from None
+        try:
+            if took_over := self.ownership.after(d.op, sid):
+                log.warning("run taken over host=%s run=%s: %s", self.name, self.run_id, took_over)
+            return await getattr(self, f"op_{d.op}")(d.args, ws)
+        finally:
+            self.lock.release()
+
     # ------------------------------------------------------------ ops
     async def op_hello(self, args: protocol.HelloArgs, ws) -> protocol.HelloResult:
-        log.info("hello host=%s client=%s", self.name, args.client)
-        if not self.applied:
+        sid = self.sessions[ws]
+        log.info("hello host=%s %s", self.name, sid.describe())
+        if not self.applied and not self.lock.locked():   # a fresh baseline, unless a run op is changing it
             await asyncio.to_thread(self.host.snapshot_now, BASELINE_SYSCTLS)
-        return protocol.HelloResult(agent_version=AGENT_VERSION, protocol=protocol.PROTOCOL_VERSION,
+        proof = self._proofs.pop(ws)
+        return protocol.HelloResult(proof=proof, agent_version=AGENT_VERSION, protocol=protocol.PROTOCOL_VERSION,
                                     hostname=socket.gethostname(), interfaces=self.interfaces,
                                     capabilities=self.capabilities)
 
@@ -137,7 +228,15 @@ class Agent:
         if args.run_id != self.run_id:
             raise _Refused("refused", f"no tasks for run {args.run_id}", field="run_id")
         if self.jobs:
-            _, pending = await asyncio.wait(self.jobs, timeout=args.timeout_s)
+            # wait for the tasks, but not for a manager that went away: its successor must get the host
+            finished = asyncio.ensure_future(asyncio.wait(self.jobs, timeout=args.timeout_s))
+            gone = asyncio.ensure_future(ws.wait_closed())
+            await asyncio.wait({finished, gone}, return_when=asyncio.FIRST_COMPLETED)
+            gone.cancel()
+            if not finished.done():
+                finished.cancel()
+                raise ConnectionClosed(None, None)
+            _, pending = finished.result()
             if pending:
                 await self._stop_tasks()
         infos = []

@@ -6,9 +6,10 @@ against the sha256 the agent announced before the file is kept.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import logging
+import secrets
+import ssl
 import time
 from pathlib import Path
 from typing import cast
@@ -16,7 +17,7 @@ from typing import cast
 from pydantic import BaseModel
 from websockets.asyncio.client import ClientConnection, connect, unix_connect
 
-from schemas import protocol
+from schemas import handshake, protocol
 from schemas.validate import check, check_result
 
 log = logging.getLogger("tcplab.manager")
@@ -32,26 +33,53 @@ class AgentError(Exception):
 
 
 class AgentClient:
-    def __init__(self, host: str, url: str, token: bytes):
-        self.host, self.url, self.token = host, url, token
+    def __init__(self, host: str, url: str, token: bytes, tls: ssl.SSLContext | None = None):
+        """`tls`: a client context that verifies the agent's certificate against the testbed CA (and may carry
+        the manager's client certificate); used for tcp:// agents. None: plain WebSocket."""
+        self.host, self.url, self.token, self.tls = host, url, token, tls
         self.ws: ClientConnection | None = None
         self._next_id = 0
         self.hello: protocol.HelloResult | None = None
 
     async def connect(self, client_name: str = "tcplab-manager") -> protocol.HelloResult:
+        """Open the connection and authenticate both ways: prove the token to the agent, and refuse an agent
+        that cannot prove it back over the same nonces and the same TLS channel."""
         limits = {"max_size": 8 * 1024 * 1024, "ping_interval": 20, "ping_timeout": 60}
         if self.url.startswith("unix:"):
             self.ws = await unix_connect(self.url.removeprefix("unix:"), uri="ws://localhost/", **limits)
+        elif self.tls is not None:
+            self.ws = await connect(self.url.replace("tcp://", "wss://"), ssl=self.tls, **limits)
         else:
             self.ws = await connect(self.url.replace("tcp://", "ws://"), **limits)
+        try:
+            return await self._hello(client_name)
+        except BaseException:
+            await self.ws.close()
+            self.ws = None
+            raise
+
+    async def _hello(self, client_name: str) -> protocol.HelloResult:
+        assert self.ws is not None
         greeting = json.loads(await self.ws.recv())
         check("event", greeting, code="protocol")
         if greeting["event"] != "challenge":
             raise AgentError(self.host, "hello", "protocol", "agent did not send a challenge", None)
-        mac = hmac.new(self.token, bytes.fromhex(greeting["data"]["nonce"]), hashlib.sha256).hexdigest()
-        self.hello = cast(protocol.HelloResult,
-                          await self.call("hello", protocol.HelloArgs(client=client_name, hmac=mac)))
-        return self.hello
+        agent_nonce, nonce = greeting["data"]["nonce"], secrets.token_bytes(32).hex()
+        binding = handshake.certificate_binding(self._agent_certificate())
+        mac = handshake.manager_proof(self.token, agent_nonce, nonce, binding)
+        hello = cast(protocol.HelloResult, await self.call(
+            "hello", protocol.HelloArgs(client=client_name, nonce=nonce, hmac=mac)))
+        if not handshake.proofs_match(hello.proof, handshake.agent_proof(self.token, agent_nonce, nonce, binding)):
+            raise AgentError(self.host, "hello", "unauthenticated", "the agent could not prove the testbed token"
+                             + (" over this TLS channel" if binding else "") + ": not our agent", "proof")
+        self.hello = hello
+        return hello
+
+    def _agent_certificate(self) -> bytes | None:
+        """The agent's certificate (DER) as this connection received it; None without TLS."""
+        assert self.ws is not None
+        ssl_object = self.ws.transport.get_extra_info("ssl_object")
+        return ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
 
     async def close(self) -> None:
         if self.ws is not None:

@@ -7,6 +7,7 @@ must stop the run with the file, the field path and the line, not pass silently 
 from __future__ import annotations
 
 import json
+import ssl
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,12 @@ class Inventory(_Strict):
     kind: str
     token_file: str
     hosts: dict[str, HostEntry]
+    # TLS for tcp:// agents (docs/security.md); without tls_ca the control network must be trusted
+    tls_ca: str | None = Field(None, description="PEM CA that signed the agents' certificates: the manager "
+                               "speaks TLS to tcp:// agents and verifies them against it")
+    tls_client_cert: str | None = Field(None, description="PEM client certificate of the manager (agents "
+                                        "started with --tls-client-ca require one)")
+    tls_client_key: str | None = Field(None, description="PEM private key of tls_client_cert")
     # the labs' own bookkeeping in the same file (orchestrator/lab); the manager does not read it
     prefix: str | None = Field(None, description="lab: namespace/interface name prefix")
     supervisor_pid: int | None = Field(None, description="lab: pid of the lab supervisor")
@@ -63,6 +70,19 @@ class Inventory(_Strict):
     @property
     def token(self) -> bytes:
         return Path(self.token_file).read_bytes().strip()
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The manager's TLS client context for tcp:// agents, or None when the inventory names no CA."""
+        if self.tls_ca is None:
+            if self.tls_client_cert:
+                raise InventoryError("inventory: tls_client_cert without tls_ca: name the CA that signed the "
+                                     "agents' certificates")
+            return None
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.tls_ca)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        if self.tls_client_cert:
+            ctx.load_cert_chain(self.tls_client_cert, self.tls_client_key)
+        return ctx
 
     @property
     def tags(self) -> list[str]:

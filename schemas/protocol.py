@@ -14,11 +14,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from schemas import limits
 from schemas.allowlist import DEFAULT_MODULES, DEFAULT_SYSCTL_PREFIXES
+from schemas.handshake import NONCE_PATTERN
 from schemas.hoststate import HostState
 from schemas.identifiers import RUN_ID_PATTERN, TASK_ID_PATTERN
 from schemas.strings import InterfaceName, IPAddress
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2   # 2: mutual authentication in hello (manager nonce, agent proof)
+# a manager's name goes into the agent's log: no spaces, newlines or control characters that could forge a line
+CLIENT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,63}$"
 
 
 class _Msg(BaseModel):
@@ -28,8 +31,10 @@ class _Msg(BaseModel):
 # ---------------------------------------------------------------- op arguments
 
 class HelloArgs(_Msg):
-    client: str = Field(description="manager identity, for the agent's log")
-    hmac: str = Field(pattern=r"^[0-9a-f]{64}$", description="hex HMAC-SHA256(token, challenge nonce)")
+    client: str = Field(pattern=CLIENT_NAME_PATTERN, description="manager identity, for the agent's log")
+    nonce: str = Field(pattern=NONCE_PATTERN, description="the manager's fresh nonce: the agent's proof covers it")
+    hmac: str = Field(pattern=r"^[0-9a-f]{64}$", description="schemas.handshake.manager_proof: HMAC-SHA256(token, "
+                      "label | agent nonce | manager nonce | sha256 of the agent's TLS certificate or empty)")
     protocol: int = PROTOCOL_VERSION
 
 
@@ -180,6 +185,8 @@ class Capabilities(_Msg):
 
 
 class HelloResult(_Msg):
+    proof: str = Field(pattern=r"^[0-9a-f]{64}$", description="schemas.handshake.agent_proof over the same "
+                       "nonces and binding: the agent knows the token too (the manager refuses an agent without it)")
     agent_version: str
     protocol: int
     hostname: str

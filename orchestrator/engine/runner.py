@@ -65,8 +65,9 @@ class RunEngine:
         return {role: hello.capabilities for role, hello in self.hellos.items()}
 
     async def __aenter__(self) -> RunEngine:
+        tls = self.inv.tls_context()
         for role, host in self.inv.hosts.items():
-            client = AgentClient(role, host.agent, self.inv.token)
+            client = AgentClient(role, host.agent, self.inv.token, tls=tls)
             self.hellos[role] = await client.connect()
             self.clients[role] = client
             log.info("connected host=%s kernel=%s", role, self.hellos[role].capabilities.kernel_release)

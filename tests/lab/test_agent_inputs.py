@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 from websockets.asyncio.client import unix_connect
 
-from agents.session import expected_hmac
 from orchestrator.agent_client import AgentClient, AgentError
-from schemas import protocol
+from schemas import handshake, protocol
 from schemas.allowlist import DEFAULT_MODULES
 from schemas.hoststate import HostState
 from tests.lab.conftest import one_flow_plan, run_plan_quietly
@@ -101,7 +100,8 @@ def test_bad_addresses_macs_and_surrogates_in_real_frames_are_invalid_args(lab):
         async with unix_connect(url.removeprefix("unix:"), uri="ws://localhost/") as ws:
             challenge = json.loads(await ws.recv())
             await ws.send(json.dumps({"id": 1, "op": "hello", "args": {
-                "client": "t", "hmac": expected_hmac(inv.token, challenge["data"]["nonce"])}}))
+                "client": "t", "nonce": "ab" * 32,
+                "hmac": handshake.manager_proof(inv.token, challenge["data"]["nonce"], "ab" * 32)}}))
             replies = [json.loads(await ws.recv())]
             frames = [json.dumps({"id": 2 + i, "op": "apply", "args": {"run_id": "x", "state": s}}) for i, s in
                       enumerate([{"interfaces": {dev: {"neighbours": {w: "02:00:00:00:00:01"}}}}

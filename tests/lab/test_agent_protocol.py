@@ -39,7 +39,7 @@ def test_ops_before_hello_unknown_ops_and_bad_fields_get_coded_errors(lab):
         json.dumps({"id": 1, "op": "reset", "args": {}}),
         json.dumps({"id": 2, "op": "format_disk", "args": {}}),
         "not json",
-        json.dumps({"id": 3, "op": "hello", "args": {"client": "x", "hmac": "zz"}}),
+        json.dumps({"id": 3, "op": "hello", "args": {"client": "x", "nonce": "ab" * 32, "hmac": "zz"}}),
     ]
     challenge, before_hello, unknown, garbage, bad_hmac = run(raw_exchange(inv.hosts["aqm"].agent, frames))
     assert challenge["event"] == "challenge"

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from websockets.asyncio.client import unix_connect
 
+from agents.admission import PreAuthLimits
 from orchestrator.agent_client import AgentClient
 
 CODES = {"bad_request", "unauthenticated", "unknown_op", "invalid_args", "refused", "busy"}
@@ -75,19 +76,24 @@ def test_fuzzed_frames_against_a_live_agent_get_coded_errors(lab, ledger):
     url = inv.hosts["aqm"].agent.removeprefix("unix:")
     loop = asyncio.new_event_loop()
     before, after = Tally(), Tally()
-    raw = {"ws": None}
+    raw = {"ws": None, "frames": 0}
+    # the agent closes an unauthenticated connection after this many frames (issue 13, pre-auth limits):
+    # open a new one before that, as any peer must
+    frames_per_connection = PreAuthLimits().max_frames_before_hello
 
     def fresh_unauthenticated():
         if raw["ws"] is not None:
             loop.run_until_complete(raw["ws"].close())
         raw["ws"] = loop.run_until_complete(unix_connect(url, uri="ws://localhost/", max_size=None))
+        raw["frames"] = 0
         loop.run_until_complete(raw["ws"].recv())   # the challenge
 
     @settings(FUZZ, max_examples=FRAMES_BEFORE_HELLO)
     @given(st.one_of(st.text(max_size=200), JSON.map(json.dumps)))
     def before_hello(frame: str) -> None:
-        if raw["ws"] is None or raw["ws"].close_code is not None:
+        if raw["ws"] is None or raw["ws"].close_code is not None or raw["frames"] >= frames_per_connection:
             fresh_unauthenticated()
+        raw["frames"] += 1
         reply = before.reply(loop, raw["ws"], frame)
         assert reply is not None and "error" in reply, reply
 

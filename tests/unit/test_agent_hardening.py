@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from agents.rootdir import UnsafeArtifactsRoot, ensure_artifacts_root, private_dir_problem
-from agents.session import AgentSession, Dispatch, expected_hmac
-from schemas import protocol
+from agents.session import AgentSession, Dispatch
+from schemas import handshake, protocol
 
 TOKEN = b"secret-token"
 CODES = {"bad_request", "unauthenticated", "unknown_op", "invalid_args", "refused"}
@@ -22,8 +22,9 @@ CODES = {"bad_request", "unauthenticated", "unknown_op", "invalid_args", "refuse
 
 def _authenticated() -> AgentSession:
     s = AgentSession(TOKEN)
+    nonce = "ab" * 32
     out = s.receive(json.dumps({"id": 1, "op": "hello", "args": {
-        "client": "t", "hmac": expected_hmac(TOKEN, s.nonce_hex)}}))
+        "client": "t", "nonce": nonce, "hmac": handshake.manager_proof(TOKEN, s.nonce_hex, nonce)}}))
     assert isinstance(out, Dispatch)
     return s
 

@@ -13,11 +13,11 @@ from agents.__main__ import parse_args
 from agents.host.errors import NotAllowed, StateError
 from agents.host.executor import HostStateExecutor
 from agents.host.tunables import ensure_module, sysctl_path
-from agents.session import AgentSession, Dispatch, expected_hmac
+from agents.session import AgentSession, Dispatch
 from orchestrator.engine.verify import capability_problems
 from orchestrator.lab.supervisor import agent_argv
 from orchestrator.plan import PlanError, expand, load_plan_text
-from schemas import allowlist, limits, procs, protocol
+from schemas import allowlist, handshake, limits, procs, protocol
 from schemas.allowlist import DEFAULT_MODULES, DEFAULT_SYSCTL_PREFIXES, module_allowed, sysctl_allowed
 from schemas.hoststate import HostState
 
@@ -142,7 +142,8 @@ def test_a_missing_modprobe_is_a_state_error_naming_the_module(monkeypatch, tmp_
 def _session() -> AgentSession:
     s = AgentSession(TOKEN)
     assert isinstance(s.receive(json.dumps({"id": 1, "op": "hello", "args": {
-        "client": "t", "hmac": expected_hmac(TOKEN, s.nonce_hex)}})), Dispatch)
+        "client": "t", "nonce": "ab" * 32, "hmac": handshake.manager_proof(TOKEN, s.nonce_hex, "ab" * 32)}})),
+        Dispatch)
     return s
 
 

@@ -3,15 +3,20 @@ from __future__ import annotations
 
 import json
 
-from agents.session import AgentSession, Dispatch, expected_hmac
-from schemas import protocol
+from agents.session import AgentSession, Dispatch
+from schemas import handshake, protocol
 
 TOKEN = b"secret-token"
 
 
-def hello(session: AgentSession, token: bytes = TOKEN, req_id: int = 1) -> Dispatch | str:
-    mac = expected_hmac(token, session.nonce_hex)
-    return session.receive(json.dumps({"id": req_id, "op": "hello", "args": {"client": "t", "hmac": mac}}))
+MANAGER_NONCE = "cd" * 32
+
+
+def hello(session: AgentSession, token: bytes = TOKEN, req_id: int = 1, binding: str = "",
+          client: str = "t") -> Dispatch | str:
+    mac = handshake.manager_proof(token, session.nonce_hex, MANAGER_NONCE, binding)
+    return session.receive(json.dumps({"id": req_id, "op": "hello", "args": {
+        "client": client, "nonce": MANAGER_NONCE, "hmac": mac}}))
 
 
 def error_of(reply) -> dict:

@@ -99,3 +99,15 @@ def test_what_the_labs_write_loads(tmp_path):
               "vm": {"package": "linux-image-6.1.0-30-amd64", "roles": ["aqm"], "guests": {}, "boot_s": 9.1}}
     vm_doc["hosts"]["aqm"]["namespace"] = None
     assert load_inventory(_write(tmp_path, json.dumps(vm_doc))).vm["roles"] == ["aqm"]
+
+
+def test_tls_fields_are_optional_and_build_the_managers_client_context(tmp_path):
+    plain = load_inventory(_write(tmp_path, PHYSICAL))
+    assert plain.tls_context() is None                                  # no CA: plain WebSocket, as before
+    doc = json.loads(PHYSICAL)
+    doc["tls_client_cert"] = str(tmp_path / "manager.pem")
+    with pytest.raises(InventoryError, match="tls_client_cert without tls_ca"):
+        load_inventory(_write(tmp_path, json.dumps(doc))).tls_context()
+    doc["tls_cs"] = "/etc/tcplab/ca.pem"
+    with pytest.raises(InventoryError, match="unknown field 'tls_cs'.*tls_ca"):
+        load_inventory(_write(tmp_path, json.dumps(doc, indent=2)))
