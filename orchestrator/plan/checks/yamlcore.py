@@ -23,9 +23,7 @@ import yaml
 from yaml.composer import ComposerError
 from yaml.constructor import ConstructorError
 
-MAX_NODES = 50_000      # real plans are a few hundred nodes; the largest study plan is under 2,000
-MAX_DEPTH = 40          # real plans nest about 8 deep
-MAX_NUMBER_CHARS = 40   # a 128-bit integer has 39 digits; no plan value needs more
+from orchestrator.plan.model.bounds import MAX_DEPTH, MAX_NODES, MAX_NUMBER_CHARS
 
 _INT = re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$")
 _FLOAT = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)"

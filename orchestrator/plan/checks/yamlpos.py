@@ -13,7 +13,8 @@ from typing import Any
 import yaml
 
 from orchestrator.plan.checks.errors import Issue, Mark, Marks, PlanError
-from orchestrator.plan.checks.yamlcore import MAX_DEPTH, MAX_NODES, PlanLoader
+from orchestrator.plan.checks.yamlcore import PlanLoader
+from orchestrator.plan.model.bounds import MAX_DEPTH, MAX_NODES
 from orchestrator.plan.model.paths import KeyPath
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"

@@ -17,6 +17,8 @@ import re
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 
+from orchestrator.plan.model.bounds import MAX_EXPONENT, MAX_NUMBER_CHARS
+
 _NUMBER = r"(?P<num>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
 _QUANTITY = re.compile(rf"^\s*{_NUMBER}\s*(?P<unit>[^\s0-9.][^\s]*)?\s*$")
 
@@ -43,8 +45,6 @@ FRACTION_PATTERN = r"^\s*([0-9]+(\.[0-9]*)?|\.[0-9]+)\s*(%|/\s*[0-9]+)?\s*$"
 MAX_RATE_BIT = 10**13          # 10 Tbit/s
 MAX_TIME_NS = 7 * 24 * 3600 * 10**9   # one week
 MAX_SIZE_BYTES = 2**40         # 1 TiB
-MAX_NUMBER_CHARS = 40          # digits, point, sign and exponent of one written number
-MAX_EXPONENT = 100             # 1e-100 .. 1e100 covers every unit; exact arithmetic stays cheap
 _DECIMAL = re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]{1,4})?$")
 
 
