@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from orchestrator.plan.checks.errors import Issue, Mark, Marks, PlanError
-from orchestrator.plan.checks.yamlcore import PlanLoader
+from orchestrator.plan.checks.yamlcore import PlanLoader, unprintable_at
 from orchestrator.plan.model.bounds import MAX_DEPTH, MAX_NODES
 from orchestrator.plan.model.paths import KeyPath
 
@@ -120,13 +120,12 @@ def _mark(node: yaml.Node) -> Mark:
 
 def read_yaml(text: str, file: str) -> tuple[Any, Marks]:
     """Parse one YAML document into plain values and their positions; raise PlanError on any problem."""
-    try:
-        loader = PlanLoader(text)
-    except yaml.reader.ReaderError as exc:
-        line = text.count("\n", 0, exc.position) + 1
-        col = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
-        raise PlanError([Issue(file, line, col, (), f"character U+{exc.character:04X} is not allowed in YAML")]) \
-            from None
+    bad = unprintable_at(text)
+    if bad is not None:
+        line = text.count("\n", 0, bad) + 1
+        col = bad - (text.rfind("\n", 0, bad) + 1) + 1
+        raise PlanError([Issue(file, line, col, (), f"character U+{ord(text[bad]):04X} is not allowed in YAML")])
+    loader = PlanLoader(text)
     try:
         node = loader.get_single_node()
     except yaml.MarkedYAMLError as exc:
