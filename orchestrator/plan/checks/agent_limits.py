@@ -18,7 +18,7 @@ from orchestrator.plan.model.template import RunTemplate
 from orchestrator.plan.model.units import format_rate
 from schemas import limits
 
-_SOURCE = "an agent refuses more (schemas/limits.py)"
+_SOURCE = "the agents' limit, schemas/limits.py"
 
 
 def flow_count(t: RunTemplate) -> int:
@@ -59,6 +59,13 @@ def _tasks_per_host(t: RunTemplate, flows: list[TemplateFlow]) -> Counter[str]:
     return tasks
 
 
+def _largest_group(flows: list[TemplateFlow], role: str) -> KeyPath:
+    """The `flows` field of the group with the most flows to or from `role` (the one to change)."""
+    by_group = Counter(f.group for f in flows if role in (f.src, f.dst))
+    group = by_group.most_common(1)[0][0] if by_group else 0
+    return ("traffic", "flows") if group == 0 else ("background", group - 1, "flows")
+
+
 def _sampler_ports(t: RunTemplate, flows: list[TemplateFlow]) -> list[Problem]:
     if not (t.tcp_probe or t.ss is not None):
         return []
@@ -69,8 +76,10 @@ def _sampler_ports(t: RunTemplate, flows: list[TemplateFlow]) -> list[Problem]:
     for role, mine in sorted(ports.items()):
         if len(mine) > limits.MAX_PORTS_PER_SAMPLER:
             sampler = "tcp_probe" if t.tcp_probe else "ss"
-            out.append(Problem(("traffic", "flows"), f"{role!r} sends {len(mine)} flows; its {sampler} sampler would "
-                               f"follow {len(mine)} ports, more than {limits.MAX_PORTS_PER_SAMPLER} ({_SOURCE})"))
+            sent = [f for f in flows if f.src == role]
+            out.append(Problem(_largest_group(sent, role), f"{role!r} sends {len(mine)} flows; its {sampler} "
+                               f"sampler would follow {len(mine)} ports, more than "
+                               f"{limits.MAX_PORTS_PER_SAMPLER} ({_SOURCE})"))
     return out
 
 
@@ -92,6 +101,6 @@ def agent_limit_problems(t: RunTemplate, flows: list[TemplateFlow]) -> list[Prob
                                f"{format_rate(limits.MAX_UDP_RATE_BIT)} ({_SOURCE})"))
     for role, n in sorted(_tasks_per_host(t, flows).items()):
         if n > limits.MAX_TASKS_PER_SCHEDULE:
-            out.append(Problem(("traffic", "flows"), f"{role!r} would run {n} tasks in this run (its flows, "
+            out.append(Problem(_largest_group(flows, role), f"{role!r} would run {n} tasks in this run (its flows, "
                                f"captures and samplers), more than {limits.MAX_TASKS_PER_SCHEDULE} ({_SOURCE})"))
     return out + _sampler_ports(t, flows)
