@@ -114,6 +114,8 @@ def parse_time_ns(text: object) -> int:
         raise ValueError(f"the time {text!r} needs a unit: ns, us, ms, s, min (e.g. '250us', '40s')")
     if unit == "m":
         raise ValueError(f"ambiguous time unit 'm' in {text!r}: write 'ms' or 'min'")
+    if unit.startswith(":"):   # YAML 1.1 read 1:30:00 as base 60 (5400); the plan reads it as written
+        raise ValueError(f"{_shown(text)} is not a time: write a number and a unit, e.g. '90min' or '5400s'")
     if unit not in TIME_UNITS_NS:
         raise ValueError(f"unknown time unit {unit!r}; use one of ns, us, ms, s, min, h")
     ns = _exact_int(number * TIME_UNITS_NS[unit], text, "nanoseconds")
