@@ -19,8 +19,8 @@ from orchestrator.plan.expansion.matrix import (
     Assignment,
     adapter,
     all_assignments,
-    count_runs,
     param_name,
+    runs_by_view,
     target,
     value_key,
     views,
@@ -211,10 +211,12 @@ def _param_names(plan: Plan) -> list[Problem]:
 
 def plan_problems(plan: Plan) -> list[Problem]:
     """Plan-wide rules. Assumes assignment_problems found nothing (every dotted path names a field)."""
-    total = count_runs(plan)   # arithmetic, before any cell is built: a typo must not expand for minutes
+    by_view = runs_by_view(plan)   # arithmetic, before any cell is built: a typo must not expand for minutes
+    total = sum(n for _, n in by_view)
     if total > MAX_RUNS:
-        return [Problem(("matrix",), f"the plan expands to up to {total} runs, more than {MAX_RUNS} (the "
-                        "product of the axis lengths x arms x repetitions; docs/plans.md#limits)")]
+        largest = max(by_view, key=lambda vn: vn[1])[0]
+        return [Problem(largest.matrix_origin, f"the plan expands to up to {total} runs, more than {MAX_RUNS} "
+                        "(the product of the axis lengths x arms x repetitions; docs/plans.md#limits)")]
     out = _duplicates([e.name for e in plan.experiments], ("experiments",), "experiment")
     out += _duplicates([a.name for a in plan.arms], ("arms",), "arm")
     if len(set(plan.roles)) != len(plan.roles) or ALL_HOSTS in plan.roles:

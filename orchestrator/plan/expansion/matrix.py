@@ -153,16 +153,22 @@ def matrix_cells(matrix: Matrix, origin: KeyPath) -> list[tuple[Assignment, ...]
     return out
 
 
-def count_runs(plan: Plan) -> int:
-    """Upper bound of the number of runs, computed without expanding (guards MAX_RUNS)."""
-    total = 0
+def runs_by_view(plan: Plan) -> list[tuple[View, int]]:
+    """Upper bound of each experiment's number of runs, by arithmetic: the product of its axis lengths (zip
+    groups count once), plus its includes, times arms and repetitions; no cell is built (guards MAX_RUNS)."""
+    out = []
     for view in views(plan):
         m = view.matrix
         sizes = [len(v) for v in m.axes.values()] + [min((len(v) for v in g.values()), default=0)
                                                       for g in m.zip]
         cells = (math.prod(sizes) if sizes else (0 if m.include else 1)) + len(m.include)
-        total += cells * max(1, len(view.arms)) * view.repetitions
-    return total
+        out.append((view, cells * max(1, len(view.arms)) * view.repetitions))
+    return out
+
+
+def count_runs(plan: Plan) -> int:
+    """Upper bound of the number of runs, computed without expanding (guards MAX_RUNS)."""
+    return sum(n for _, n in runs_by_view(plan))
 
 
 def iter_cells(plan: Plan) -> Iterator[Cell]:
