@@ -5,9 +5,9 @@ Plans are the shipped ones (tests/plans/good_*.yaml, experiments/**/*.yaml) with
 values an axis (so a valid plan loads in milliseconds), then mutated: a value replaced by a hostile YAML
 token written into the text as is (huge numbers and exponents, .inf/.nan, YAML 1.1 forms, NUL/surrogate/
 newline escapes, explicit tags, deep nesting, big lists, alias bombs), a key deleted, duplicated or made
-hostile, a value replaced by a random tree; and random text. A crash is any exception but PlanError; a
-hang a case over HANG_S; located means every issue has a file, a line and a column >= 1 and prints as one
-printable line.
+hostile, a value replaced by a random tree; and random text. A crash is any exception but PlanError (a
+plan that loads is expanded too); a hang a case over HANG_S; located means every issue has a file, a line
+and a column >= 1 and prints as one printable line.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.plan import PlanError, load_plan_text
+from orchestrator.plan import PlanError, expand, load_plan_text
 
 ROOT = Path(__file__).resolve().parents[2]
 HANG_S = 2.0
@@ -160,7 +160,7 @@ def _outcome(text: str) -> tuple[str, float]:
     """("ok" | "located" | "unlocated: ..." | "crash: ...", seconds)."""
     t0 = time.monotonic()
     try:
-        load_plan_text(text, "fuzz.yaml")
+        expand(load_plan_text(text, "fuzz.yaml"))   # a plan that loads must expand
         result = "ok"
     except PlanError as exc:
         bad = [i for i in exc.issues if not (i.file and i.line >= 1 and i.col >= 1 and str(i).isprintable()

@@ -17,13 +17,16 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
-from orchestrator.plan import PlanError, load_plan, load_plan_text
+from orchestrator.engine.bind import schedule_tasks, timeline
+from orchestrator.inventory import HostEntry, InterfaceEntry, Inventory
+from orchestrator.plan import PlanError, expand, load_plan, load_plan_text
 from orchestrator.plan.commands import cmd_validate
 from orchestrator.plan.expansion.matrix import count_runs
 from orchestrator.plan.model import bounds
 from orchestrator.plan.model.plan import Plan
-from schemas import limits
+from schemas import limits, protocol
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = (ROOT / "experiments" / "quickstart.yaml").read_text()
@@ -259,3 +262,64 @@ def test_validate_prints_located_lines_only(tmp_path: Path, text: str) -> None:
     print(lines)
     assert lines[-1].endswith(("1 problem", "problems")) and all(LINE.match(x) for x in lines[:-1])
     assert all(x.isprintable() for x in lines)
+
+
+# ------------------------------------------------------------------ one boundary for the loader and the agent
+
+def _mesh(roles: list[str]) -> Inventory:
+    """A testbed where every role has an interface toward every other role."""
+    return Inventory(kind="physical", token_file="/dev/null", hosts={
+        r: HostEntry(agent=f"unix:///run/{r}.sock", interfaces={
+            f"to-{o}": InterfaceEntry(toward=o, addr=f"10.{i}.{j}.1", plen=24, peer_addr=f"10.{i}.{j}.2")
+            for j, o in enumerate(roles) if o != r})
+        for i, r in enumerate(roles)})
+
+
+def _schedule(text: str) -> None:
+    """Expand the plan unchecked and build what the engine sends each agent (raises the protocol's
+    ValidationError when an agent would refuse it); one kernel per host, so every host gets a CPU sampler."""
+    plan = Plan.model_validate(yaml.safe_load(text))
+    for spec in expand(plan):
+        for tasks in schedule_tasks(spec, _mesh(plan.roles), timeline(spec, 10**18),
+                                    {r: r for r in plan.roles}).values():
+            protocol.ScheduleArgs(run_id=spec.run_id, tasks=tasks)
+
+
+ONE_RUN = QUICKSTART.split("\nmatrix:")[0] + "\n"
+AT_THE_LIMIT = {   # field: (the plan at an agent limit, the plan one step over it)
+    "duration": (f"duration: {limits.MAX_RUN_SECONDS}s", f"duration: {limits.MAX_RUN_SECONDS + 1}s"),
+    "qdisc_stats": (f"interval: {limits.MAX_SAMPLE_INTERVAL_MS}ms",
+                    f"interval: {limits.MAX_SAMPLE_INTERVAL_MS + 1}ms"),
+    "ss": (f"ss: {{interval: {limits.MIN_POLL_INTERVAL_MS}ms}}",
+           f"ss: {{interval: {limits.MIN_POLL_INTERVAL_MS - 1}ms}}"),
+    "udp": (f"rate: {limits.MAX_UDP_RATE_BIT}bit", f"rate: {limits.MAX_UDP_RATE_BIT + 1}bit"),
+    "ports": (f"flows: {limits.MAX_PORTS_PER_SAMPLER}", f"flows: {limits.MAX_PORTS_PER_SAMPLER + 1}"),
+    "tasks": (f"flows: {limits.MAX_TASKS_PER_SCHEDULE - 1}", f"flows: {limits.MAX_TASKS_PER_SCHEDULE}"),
+}
+
+
+def _variant(field: str, setting: str) -> str:
+    text = ONE_RUN
+    if field == "duration":
+        return text.replace("duration: 5s", setting)
+    if field == "qdisc_stats":
+        return text.replace("interval: 10ms", setting)
+    if field == "ss":
+        return text.replace("tcp_probe: true", f"tcp_probe: true\n  {setting}")
+    if field == "udp":
+        return text.replace("tool: iperf3", f"tool: udp\n    {setting}")
+    if field == "ports":
+        return text.replace("flows: 1 ", f"{setting} ")
+    return text.replace("flows: 1 ", f"{setting} ").replace("tcp_probe: true", "tcp_probe: false")
+
+
+@pytest.mark.parametrize("field", sorted(AT_THE_LIMIT))
+def test_the_loader_and_the_agents_refuse_at_the_same_value(field: str) -> None:
+    at, over = (_variant(field, s) for s in AT_THE_LIMIT[field])
+    assert at != ONE_RUN and over != ONE_RUN
+    load_plan_text(at)          # the loader accepts the plan at the limit ...
+    _schedule(at)               # ... and so does every agent
+    issues = issues_of(over)    # one step over, the loader refuses it at load time ...
+    print(field, issues)
+    with pytest.raises(ValidationError):
+        _schedule(over)         # ... as the agents would have, after the hosts were configured

@@ -45,8 +45,6 @@ def _interval_ms(ns: int, low: int, high: int, path: KeyPath, what: str) -> list
 def _tasks_per_host(t: RunTemplate, flows: list[TemplateFlow]) -> Counter[str]:
     tasks: Counter[str] = Counter()
     senders = {f.src for f in flows}
-    for role in {f.src for f in flows} | {f.dst for f in flows}:
-        tasks[role] += 1                                   # the CPU sampler (at most one per host)
     for f in flows:
         tasks[f.src] += 1
         tasks[f.dst] += 1
@@ -56,7 +54,7 @@ def _tasks_per_host(t: RunTemplate, flows: list[TemplateFlow]) -> Counter[str]:
         tasks[ln.host] += 1
     for role in senders:
         tasks[role] += int(t.tcp_probe) + int(t.ss is not None)
-    return tasks
+    return Counter({role: n + 1 for role, n in tasks.items()})   # + the CPU sampler (one per kernel, at most)
 
 
 def _largest_group(flows: list[TemplateFlow], role: str) -> KeyPath:
