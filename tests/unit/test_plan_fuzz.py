@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,8 @@ from hypothesis import strategies as st
 from orchestrator.plan import PlanError, expand, load_plan_text
 
 ROOT = Path(__file__).resolve().parents[2]
-HANG_S = 2.0
+HANG_S = 2.0     # a case slower than this is a hang
+STUCK_S = 20.0   # ... and one this slow is stopped, so a real hang fails the test instead of stalling it
 PLAN_FILES = [*sorted((ROOT / "tests" / "plans").glob("good_*.yaml")), *sorted((ROOT / "experiments").rglob("*.yaml"))]
 
 
@@ -156,18 +158,33 @@ yamlish = st.text(st.sampled_from(list(":-[]{},&*!|>'\"#%@`?~ \n\t0123456789.eE+
 random_text = st.one_of(yamlish, st.text(st.characters(blacklist_categories=()), max_size=200))
 
 
+class _Stuck(BaseException):
+    """Raised by the alarm in a case that runs past STUCK_S: a hang is counted, not waited for."""
+
+
+def _alarm(signum: int, frame: Any) -> None:
+    raise _Stuck
+
+
 def _outcome(text: str) -> tuple[str, float]:
-    """("ok" | "located" | "unlocated: ..." | "crash: ...", seconds)."""
+    """("ok" | "located" | "unlocated: ..." | "crash: ..." | "stuck", seconds)."""
     t0 = time.monotonic()
+    previous = signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, STUCK_S)
     try:
         expand(load_plan_text(text, "fuzz.yaml"))   # a plan that loads must expand
         result = "ok"
+    except _Stuck:
+        result = "stuck"
     except PlanError as exc:
         bad = [i for i in exc.issues if not (i.file and i.line >= 1 and i.col >= 1 and str(i).isprintable()
                                              and "\n" not in str(i))]
         result = f"unlocated: {bad[0]!r}" if bad or not exc.issues else "located"
     except Exception as exc:  # noqa: BLE001 - the property under test: nothing but PlanError escapes
         result = f"crash: {type(exc).__name__}: {exc}"[:300]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
     return result, time.monotonic() - t0
 
 
