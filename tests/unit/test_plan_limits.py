@@ -323,3 +323,12 @@ def test_the_loader_and_the_agents_refuse_at_the_same_value(field: str) -> None:
     print(field, issues)
     with pytest.raises(ValidationError):
         _schedule(over)         # ... as the agents would have, after the hosts were configured
+
+
+def test_an_internal_error_is_one_located_line_not_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(path: object) -> None:
+        raise RuntimeError("a bug\nover two lines")
+    monkeypatch.setattr("orchestrator.plan.commands.load_plan", broken)
+    out, err = io.StringIO(), io.StringIO()
+    assert cmd_validate("x.yaml", out, err) == 70
+    assert err.getvalue() == "x.yaml:1:1: (plan): internal error, please report: RuntimeError: a bug\\nover two lines\n"
