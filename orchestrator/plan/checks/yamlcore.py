@@ -7,7 +7,7 @@ null, integers are decimal (or `0o`/`0x`), and everything else is a string that 
 read (a bool field still takes `off`, a time field refuses `1:30:00` with a message). A decimal integer
 with a leading zero (`010`) is refused: other YAML readers take it as octal.
 
-Bounds are applied during parsing, before any value is built, so a hostile file costs milliseconds:
+Bounds are applied during parsing, before any value is built, so a hostile file costs well under a second:
   - nodes (scalars, sequences, mappings, aliases) composed: `MAX_NODES`;
   - nesting depth: `MAX_DEPTH` (also keeps the recursive composer far from Python's recursion limit);
   - numbers: at most `MAX_NUMBER_CHARS` characters, finite (`.inf`/`.nan` are refused): Python's int()
