@@ -12,4 +12,7 @@ MAX_REPORT_INTERVAL_S = 60
 MAX_UDP_RATE_BIT = 400 * 10**9    # the fastest NIC a testbed of the studies holds, 4x over
 MAX_TASKS_PER_SCHEDULE = 512      # 1024 flows x (client) + samplers would not fit a host anyway
 MAX_COLLECT_WAIT_S = 600          # how long collect waits for tasks still running, at most
-MAX_PORTS_PER_SAMPLER = 64
+# ports one tcp_probe / ss sampler follows: the tcp_probe filter ("sport == P || dport == P", 34 characters a
+# 5-digit port) must fit the kernel's one-page limit (4096 B, 120 ports); the paced-chirping FCT experiment
+# sends 100 flows from one host
+MAX_PORTS_PER_SAMPLER = 112

@@ -12,16 +12,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from orchestrator.plan.checks.errors import PlanError
+from orchestrator.plan.checks.errors import Issue, PlanError
 from orchestrator.plan.checks.loader import load_plan, plan_sha256
 from orchestrator.plan.expansion.runs import expand
 from orchestrator.plan.expansion.runspec import RunSpec
 from orchestrator.plan.expansion.table import render, study_table
 
-EXIT_OK, EXIT_INVALID = 0, 2
+EXIT_OK, EXIT_INVALID, EXIT_INTERNAL = 0, 2, 70   # 70: EX_SOFTWARE, a bug in tcplab, not in the plan
 
 
 def _guarded(path: str | Path, body: Callable[[], None], err: TextIO) -> int:
+    """Run a command body; every outcome is located lines, never a traceback (the loader raises only
+    PlanError; anything else is a tcplab bug, reported as one line and a distinct exit code)."""
     try:
         body()
     except PlanError as exc:
@@ -30,6 +32,10 @@ def _guarded(path: str | Path, body: Callable[[], None], err: TextIO) -> int:
         n = len(exc.issues)
         print(f"{path}: {n} problem{'s' if n != 1 else ''}", file=err)
         return EXIT_INVALID
+    except (Exception, RecursionError, MemoryError) as exc:  # noqa: BLE001 - the CLI's last line of defence
+        print(Issue(str(path), 1, 1, (), f"internal error, please report: {type(exc).__name__}: {exc}"),
+              file=err)
+        return EXIT_INTERNAL
     return EXIT_OK
 
 

@@ -143,10 +143,16 @@ def test_missing_file_and_non_mapping_root() -> None:
 
 
 def test_yaml_traps_are_refused() -> None:
-    with pytest.raises(PlanError, match="boolean"):
+    # YAML 1.2 core schema: `on` is the text 'on' (so an unknown field here), a date is text, `010` is refused
+    with pytest.raises(PlanError, match="unknown field 'on'"):
         load_plan_text("name: x\non: 1\n")
-    with pytest.raises(PlanError, match="date"):
+    with pytest.raises(PlanError, match="required field is missing") as info:
         load_plan_text("name: 2024-01-01\n")
+    assert not any("name" in str(i.path) for i in info.value.issues)   # the name is read as the text
+    with pytest.raises(PlanError, match="leading zero"):
+        load_plan_text("name: x\nrepetitions: 010\n")
+    with pytest.raises(PlanError, match="boolean"):
+        load_plan_text("name: x\ntrue: 1\n")
     with pytest.raises(PlanError, match="recursive"):
         load_plan_text("a: &x [*x]\n")
 

@@ -11,13 +11,21 @@ from dataclasses import dataclass
 from orchestrator.plan.model.paths import KeyPath
 
 
+def printable(text: str) -> str:
+    """`text` on one printable line: newlines, NULs, lone surrogates and other unprintable characters are
+    written as escapes, so an issue is always one `FILE:LINE:COL: field: message` line any terminal shows."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 def format_path(path: KeyPath) -> str:
     """`('matrix', 'axes', 'bottleneck.rate', 1)` -> `matrix.axes['bottleneck.rate'][1]`."""
     out = ""
     for seg in path:
         if isinstance(seg, int):
             out += f"[{seg}]"
-        elif "." in seg or " " in seg or not seg:
+        elif "." in seg or " " in seg or not seg or not seg.isprintable():
             out += f"[{seg!r}]"
         else:
             out += f".{seg}" if out else seg
@@ -35,7 +43,7 @@ class Issue:
     message: str
 
     def __str__(self) -> str:
-        return f"{self.file}:{self.line}:{self.col}: {format_path(self.path)}: {self.message}"
+        return printable(f"{self.file}:{self.line}:{self.col}: {format_path(self.path)}: {self.message}")
 
 
 @dataclass(frozen=True)

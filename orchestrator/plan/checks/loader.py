@@ -6,14 +6,15 @@ plan built in Python. The only module of the plan package that touches the files
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 from pathlib import Path
 
 from orchestrator.plan.checks.errors import Issue, Marks, PlanError, locate_all
 from orchestrator.plan.checks.passes import check_document
 from orchestrator.plan.checks.yamlpos import read_yaml
+from orchestrator.plan.model.bounds import MAX_PLAN_BYTES
 from orchestrator.plan.model.plan import Plan
-
-MAX_PLAN_BYTES = 4 * 2**20
 
 
 def load_plan_text(text: str, file: str = "<plan>") -> Plan:
@@ -34,13 +35,37 @@ def check_plan(plan: Plan) -> Plan:
     return checked.plan
 
 
+def _refuse(path: str | Path, message: str) -> PlanError:
+    return PlanError([Issue(str(path), 1, 1, (), message)])
+
+
 def _read(path: str | Path) -> bytes:
+    """The plan's bytes, at most MAX_PLAN_BYTES. Only a regular file is read: /dev/zero would never end, and a
+    FIFO would block. The path is checked, opened without blocking, and the opened file checked again (the
+    path may have changed in between); no more than MAX_PLAN_BYTES + 1 bytes are ever read."""
     try:
-        data = Path(path).read_bytes()
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise _refuse(path, "the plan is not a regular file")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise _refuse(path, "the plan is not a regular file")
+            if info.st_size > MAX_PLAN_BYTES:
+                raise _refuse(path, f"the plan file is larger than {MAX_PLAN_BYTES} bytes")
+            chunks, size = [], 0
+            while size <= MAX_PLAN_BYTES and (chunk := os.read(fd, MAX_PLAN_BYTES + 1 - size)):
+                chunks.append(chunk)
+                size += len(chunk)
+        finally:
+            os.close(fd)
     except OSError as exc:
-        raise PlanError([Issue(str(path), 1, 1, (), f"cannot read the plan: {exc.strerror or exc}")]) from None
-    if len(data) > MAX_PLAN_BYTES:
-        raise PlanError([Issue(str(path), 1, 1, (), f"the plan file is larger than {MAX_PLAN_BYTES} bytes")])
+        raise _refuse(path, f"cannot read the plan: {exc.strerror or exc}") from None
+    except ValueError as exc:   # a path with a NUL byte
+        raise _refuse(path, f"cannot read the plan: {exc}") from None
+    data = b"".join(chunks)
+    if len(data) > MAX_PLAN_BYTES:   # the file grew after fstat
+        raise _refuse(path, f"the plan file is larger than {MAX_PLAN_BYTES} bytes")
     return data
 
 

@@ -14,12 +14,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from orchestrator.plan.checks.agent_limits import flow_count
 from orchestrator.plan.checks.diagnose import problems_from
 from orchestrator.plan.checks.errors import Problem
 from orchestrator.plan.checks.plan_rules import assignment_problems, plan_problems
 from orchestrator.plan.checks.run_rules import run_problems
 from orchestrator.plan.expansion.instantiate import CellValueError, run_key, template_document
 from orchestrator.plan.expansion.matrix import Cell, iter_cells
+from orchestrator.plan.model.bounds import MAX_PLAN_FLOWS
 from orchestrator.plan.model.paths import KeyPath
 from orchestrator.plan.model.plan import Plan
 from orchestrator.plan.model.template import RunTemplate
@@ -70,12 +72,17 @@ def check_cells(plan: Plan, template_doc: Any) -> list[Problem]:
     found: dict[Problem, list[Cell]] = defaultdict(list)
     seen: dict[str, Cell] = {}
     cells = list(iter_cells(plan))
+    flows = 0
     for cell in cells:
         run, problems = check_cell(plan, template_doc, cell)
         for p in problems:
             found[p].append(cell)
         if run is None:
             continue
+        flows += flow_count(run)
+        if flows > MAX_PLAN_FLOWS:   # checking a run costs about its flows; stop before that adds up to minutes
+            return [Problem(("matrix",), f"the plan's cells have more than {MAX_PLAN_FLOWS} flows in all "
+                            f"(reached at {describe(cell)}; docs/plans.md#limits)")]
         key = run_key(plan, cell, run)
         if key in seen:
             origin = cell.assignments[-1].origin if cell.assignments else ("matrix",)

@@ -16,16 +16,16 @@ from pydantic import ValidationError
 from orchestrator.plan.checks.diagnose import problems_from
 from orchestrator.plan.checks.errors import Problem, format_path
 from orchestrator.plan.expansion.matrix import (
-    MAX_RUNS,
     Assignment,
     adapter,
     all_assignments,
-    count_runs,
     param_name,
+    runs_by_view,
     target,
     value_key,
     views,
 )
+from orchestrator.plan.model.bounds import MAX_RUNS
 from orchestrator.plan.model.paths import KeyPath, PathError
 from orchestrator.plan.model.plan import Plan
 from orchestrator.plan.model.template import ALL_HOSTS
@@ -211,6 +211,12 @@ def _param_names(plan: Plan) -> list[Problem]:
 
 def plan_problems(plan: Plan) -> list[Problem]:
     """Plan-wide rules. Assumes assignment_problems found nothing (every dotted path names a field)."""
+    by_view = runs_by_view(plan)   # arithmetic, before any cell is built: a typo must not expand for minutes
+    total = sum(n for _, n in by_view)
+    if total > MAX_RUNS:
+        largest = max(by_view, key=lambda vn: vn[1])[0]
+        return [Problem(largest.matrix_origin, f"the plan expands to up to {total} runs, more than {MAX_RUNS} "
+                        "(the product of the axis lengths x arms x repetitions; docs/plans.md#limits)")]
     out = _duplicates([e.name for e in plan.experiments], ("experiments",), "experiment")
     out += _duplicates([a.name for a in plan.arms], ("arms",), "arm")
     if len(set(plan.roles)) != len(plan.roles) or ALL_HOSTS in plan.roles:
@@ -222,7 +228,4 @@ def plan_problems(plan: Plan) -> list[Problem]:
                 out.append(Problem(("experiments", i, "arms", k), f"no arm named {name!r} (arms: "
                                    f"{', '.join(arm_names) or 'none'})"))
     out += _matrix_shape(plan) + _conflicts(plan) + _param_names(plan)
-    total = count_runs(plan)
-    if total > MAX_RUNS:
-        out.append(Problem(("matrix",), f"the plan expands to {total} runs, more than {MAX_RUNS}"))
     return out

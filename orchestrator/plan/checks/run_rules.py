@@ -1,12 +1,14 @@
 """Rules of one instantiated run, each reported at the field a researcher has to change.
 
 Roles, flows inside the run, ports, traffic tools, bursts, RED thresholds, netem sizing, kernel variants,
-ACK policy, events and intervals. All return `Problem`s; none raises.
+ACK policy, events, and the agents' bounds (agent_limits.py: run length, intervals, tasks and ports per
+host). All return `Problem`s; none raises.
 """
 from __future__ import annotations
 
+from orchestrator.plan.checks.agent_limits import agent_limit_problems, too_many_flows
 from orchestrator.plan.checks.errors import Problem
-from orchestrator.plan.expansion.build import template_flows, traffic_groups
+from orchestrator.plan.expansion.build import TemplateFlow, template_flows, traffic_groups
 from orchestrator.plan.expansion.derive import LinkRefs, link_refs, red_bytes, red_times
 from orchestrator.plan.model.frames import wire_frame_bytes
 from orchestrator.plan.model.paths import KeyPath
@@ -77,11 +79,11 @@ def _groups(t: RunTemplate, out: list[Problem]) -> None:
             out.append(Problem(gp + ("bytes",), "byte-limited flows need tool iperf3"))
 
 
-def _flows(t: RunTemplate, roles: list[str], out: list[Problem]) -> None:
+def _flows(t: RunTemplate, roles: list[str], flows: list[TemplateFlow], out: list[Problem]) -> None:
     run_ns = t.duration.value
     _groups(t, out)
     ports: dict[int, int] = {}
-    for f in template_flows(t):
+    for f in flows:
         _role(roles, f.src, f.src_path, out)
         _role(roles, f.dst, f.dst_path, out)
         if f.src == f.dst:
@@ -231,7 +233,13 @@ def run_problems(t: RunTemplate, roles: list[str], kernels: set[str] | None = No
         out.append(Problem(("mtu",), f"MTU {mtu} is outside 68..65535"))
     _bottleneck(t, roles, out)
     _hosts(t, roles, out)
-    _flows(t, roles, out)
+    many = too_many_flows(t)   # before the flows are built one by one
+    if many:
+        out += many
+    else:
+        flows = template_flows(t)
+        _flows(t, roles, flows, out)
+        out += agent_limit_problems(t, flows)
     seen: dict[tuple[str, str], int] = {}
     for i, c in enumerate(t.captures or []):
         _link(roles, c.host, c.toward, ("captures", i), out)
@@ -244,8 +252,4 @@ def run_problems(t: RunTemplate, roles: list[str], kernels: set[str] | None = No
     if t.qdisc_stats is not None:
         for i, ln in enumerate(t.qdisc_stats.links):
             _link(roles, ln.host, ln.toward, ("qdisc_stats", "links", i), out)
-        if t.qdisc_stats.interval.value % 10**6:
-            out.append(Problem(("qdisc_stats", "interval"), "the polling interval must be whole milliseconds"))
-    if t.ss is not None and (t.ss.interval.value % 10**6 or not 10 <= t.ss.interval.value // 10**6 <= 10_000):
-        out.append(Problem(("ss", "interval"), "the ss polling interval must be whole milliseconds, 10ms to 10s"))
     return out

@@ -1,9 +1,9 @@
 """YAML reading that keeps the line and column of every node, so errors can point at the plan text.
 
-PyYAML's `compose` gives a node tree with start marks; this module turns it into plain Python values
-(dict/list/str/int/float/bool/None) plus a `Marks` table keyed by path. It also refuses what plain
-`yaml.safe_load` silently accepts: duplicate keys, YAML 1.1 booleans used as keys (`on:`), timestamps,
-recursive aliases and alias bombs.
+The bounded YAML 1.2 loader (yamlcore.py) gives a node tree with start marks; this module turns it into
+plain Python values (dict/list/str/int/float/bool/None) plus a `Marks` table keyed by path. It also refuses
+what plain `yaml.safe_load` silently accepts: duplicate keys, recursive aliases and alias bombs (aliases
+are expanded here, so the node bound applies again to the expanded tree).
 """
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ from typing import Any
 import yaml
 
 from orchestrator.plan.checks.errors import Issue, Mark, Marks, PlanError
+from orchestrator.plan.checks.yamlcore import PlanLoader, unprintable_at
+from orchestrator.plan.model.bounds import MAX_DEPTH, MAX_NODES
 from orchestrator.plan.model.paths import KeyPath
 
-MAX_NODES = 200_000   # an alias bomb expands exponentially; real plans are a few hundred nodes
-MAX_DEPTH = 40        # real plans nest about 8 deep; the limit keeps recursion far from Python's
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 class _Reader:
-    def __init__(self, loader: yaml.SafeLoader, file: str):
+    def __init__(self, loader: PlanLoader, file: str):
         self.loader, self.file = loader, file
         self.values: dict[KeyPath, Mark] = {}
         self.keys: dict[KeyPath, Mark] = {}
@@ -57,6 +57,9 @@ class _Reader:
     def _scalar(self, node: yaml.Node, path: KeyPath) -> Any:
         try:
             value = self.loader.construct_object(node, deep=True)
+        except yaml.MarkedYAMLError as exc:   # the position is the node's; keep the message to one line
+            self.issue(node, path, f"cannot read this YAML value: {exc.problem or exc.context}")
+            return None
         except yaml.YAMLError as exc:
             self.issue(node, path, f"cannot read this YAML value: {exc}")
             return None
@@ -117,20 +120,20 @@ def _mark(node: yaml.Node) -> Mark:
 
 def read_yaml(text: str, file: str) -> tuple[Any, Marks]:
     """Parse one YAML document into plain values and their positions; raise PlanError on any problem."""
-    try:
-        loader = yaml.SafeLoader(text)
-    except yaml.reader.ReaderError as exc:
-        line = text.count("\n", 0, exc.position) + 1
-        col = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
-        raise PlanError([Issue(file, line, col, (), f"character U+{exc.character:04X} is not allowed in YAML")]) \
-            from None
+    bad = unprintable_at(text)
+    if bad is not None:
+        line = text.count("\n", 0, bad) + 1
+        col = bad - (text.rfind("\n", 0, bad) + 1) + 1
+        raise PlanError([Issue(file, line, col, (), f"character U+{ord(text[bad]):04X} is not allowed in YAML")])
+    loader = PlanLoader(text)
     try:
         node = loader.get_single_node()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
         problem = " ".join(p for p in (exc.context, exc.problem) if p) or "invalid YAML"
-        raise PlanError([Issue(file, line, col, (), f"YAML syntax: {problem}")]) from None
+        kind = "YAML" if isinstance(exc, yaml.composer.ComposerError) else "YAML syntax"
+        raise PlanError([Issue(file, line, col, (), f"{kind}: {problem}")]) from None
     except yaml.YAMLError as exc:
         raise PlanError([Issue(file, 1, 1, (), f"YAML: {exc}")]) from None
     except RecursionError:

@@ -49,6 +49,9 @@ class TemplateFlow:
     dst_path: KeyPath
 
 
+_NO_OVERRIDE = FlowOverride()   # frozen; built once, not once per flow
+
+
 def traffic_groups(t: RunTemplate) -> list[tuple[KeyPath, Traffic]]:
     """The run's flow groups with their template paths: the main traffic first, then `background`."""
     return [(("traffic",), t.traffic)] + [(("background", k), g) for k, g in enumerate(t.background)]
@@ -58,7 +61,7 @@ def group_template_flows(tr: Traffic, gp: KeyPath, group: int = 0, first_id: int
     """Flow i starts at start + i x stagger and listens on base_port + i unless `per_flow` says otherwise."""
     out = []
     for i in range(tr.flows):
-        o = tr.per_flow.get(i, FlowOverride())
+        o = tr.per_flow.get(i, _NO_OVERRIDE)
         pf: KeyPath = gp + ("per_flow", i)
 
         def origin(name: str, own: object, default: KeyPath, pf: KeyPath = pf) -> KeyPath:

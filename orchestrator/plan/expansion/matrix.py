@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
@@ -19,8 +20,6 @@ from orchestrator.plan.expansion.canon import canonical_json
 from orchestrator.plan.model.paths import KeyPath, Target, parse_field_path
 from orchestrator.plan.model.plan import DEFAULT_EXPERIMENT, Arm, Matrix, Plan
 from orchestrator.plan.model.template import RunTemplate
-
-MAX_RUNS = 20_000   # a typo in a matrix (an axis of 1000 values) should fail fast, not expand for minutes
 
 
 @dataclass(frozen=True)
@@ -109,45 +108,67 @@ def _groups(matrix: Matrix, origin: KeyPath) -> list[list[tuple[Assignment, ...]
     return groups
 
 
-def _matches(entry: dict[str, Any], cell: tuple[Assignment, ...]) -> bool:
-    by_path = {a.path: a for a in cell}
-    for dotted, value in entry.items():
-        a = by_path.get(target(dotted).path)
-        if a is None or value_key(a) != value_key(Assignment(dotted, a.path, value, ())):
-            return False
-    return True
+def _exclusions(entries: list[dict[str, Any]]) -> dict[tuple[KeyPath, ...], set[tuple[str, ...]]]:
+    """Exclude entries by the fields they name: (field paths) -> the value keys excluded together, so a
+    cell is tested once per distinct set of fields, not once per entry (a matrix may list many)."""
+    out: dict[tuple[KeyPath, ...], set[tuple[str, ...]]] = defaultdict(set)
+    for entry in entries:
+        pairs = sorted({target(d).path: value_key(Assignment(d, target(d).path, v, ())) for d, v in entry.items()}
+                       .items())
+        out[tuple(p for p, _ in pairs)].add(tuple(k for _, k in pairs))
+    return out
 
 
 def matrix_cells(matrix: Matrix, origin: KeyPath) -> list[tuple[Assignment, ...]]:
     """Product of axes and zip groups, minus excluded cells, plus included ones; duplicates dropped."""
     groups = _groups(matrix, origin)
+    keys: dict[int, str] = {}   # value_key of each assignment, computed once (cells share assignments)
+
+    def key_of(a: Assignment) -> str:
+        if id(a) not in keys:
+            keys[id(a)] = value_key(a)
+        return keys[id(a)]
+
     if groups:
         base = [sum(combo, ()) for combo in itertools.product(*groups)]
     else:
         base = [] if matrix.include else [()]
-    kept = [c for c in base if not any(_matches(e, c) for e in matrix.exclude)]
+    excluded = _exclusions(matrix.exclude)
+
+    def is_excluded(cell: tuple[Assignment, ...]) -> bool:
+        by_path = {a.path: a for a in cell}
+        return any(all(p in by_path for p in paths) and tuple(key_of(by_path[p]) for p in paths) in values
+                   for paths, values in excluded.items())
+
+    kept = [c for c in base if not is_excluded(c)]
     kept += [tuple(assign(d, v, origin + ("include", n, d)) for d, v in entry.items())
              for n, entry in enumerate(matrix.include)]
     seen: set[tuple[tuple[str, str], ...]] = set()
     out = []
     for cell in kept:
-        key = tuple(sorted((repr(a.path), value_key(a)) for a in cell))
+        key = tuple(sorted((repr(a.path), key_of(a)) for a in cell))
         if key not in seen:
             seen.add(key)
             out.append(cell)
     return out
 
 
-def count_runs(plan: Plan) -> int:
-    """Upper bound of the number of runs, computed without expanding (guards MAX_RUNS)."""
-    total = 0
+def runs_by_view(plan: Plan) -> list[tuple[View, int]]:
+    """Upper bound of each experiment's number of runs, by arithmetic: the product of its axis lengths (zip
+    groups count once), plus its includes, times arms and repetitions; no cell is built (guards MAX_RUNS)."""
+    out = []
     for view in views(plan):
         m = view.matrix
         sizes = [len(v) for v in m.axes.values()] + [min((len(v) for v in g.values()), default=0)
                                                       for g in m.zip]
         cells = (math.prod(sizes) if sizes else (0 if m.include else 1)) + len(m.include)
-        total += cells * max(1, len(view.arms)) * view.repetitions
-    return total
+        out.append((view, cells * max(1, len(view.arms)) * view.repetitions))
+    return out
+
+
+def count_runs(plan: Plan) -> int:
+    """Upper bound of the number of runs, computed without expanding (guards MAX_RUNS)."""
+    return sum(n for _, n in runs_by_view(plan))
 
 
 def iter_cells(plan: Plan) -> Iterator[Cell]:

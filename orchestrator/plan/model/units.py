@@ -4,14 +4,20 @@ Pure functions from text to kernel units (bit/s, nanoseconds, bytes, a float in 
 a `ValueError` whose message says what was expected, because the plan validator shows it verbatim next to
 the offending line. Arithmetic is exact (`Decimal`), so `1.5ms` is 1 500 000 ns, not a float near it.
 
+Numbers are bounded before any arithmetic (`MAX_NUMBER_CHARS` characters, exponents within
+`MAX_EXPONENT`): `Fraction(Decimal("1e-999999999"))` would build a billion-digit integer.
+
 Ambiguous spellings are refused rather than guessed: `mbps` (tc reads it as megaBYTES per second), a
 bare number for a rate or a time, `64kb` (bits or bytes?), and `m` (metres? minutes? milli?).
 """
 from __future__ import annotations
 
+import math
 import re
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
+
+from orchestrator.plan.model.bounds import MAX_EXPONENT, MAX_NUMBER_CHARS
 
 _NUMBER = r"(?P<num>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
 _QUANTITY = re.compile(rf"^\s*{_NUMBER}\s*(?P<unit>[^\s0-9.][^\s]*)?\s*$")
@@ -39,6 +45,26 @@ FRACTION_PATTERN = r"^\s*([0-9]+(\.[0-9]*)?|\.[0-9]+)\s*(%|/\s*[0-9]+)?\s*$"
 MAX_RATE_BIT = 10**13          # 10 Tbit/s
 MAX_TIME_NS = 7 * 24 * 3600 * 10**9   # one week
 MAX_SIZE_BYTES = 2**40         # 1 TiB
+_DECIMAL = re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]{1,4})?$")
+
+
+def bounded_decimal(text: str, original: object) -> Decimal:
+    """The number written in `text` as an exact Decimal, refused (ValueError) when it is too long or its
+    exponent too large for exact arithmetic to stay cheap, and when it is not a finite decimal."""
+    text = text.strip()
+    if len(text) > MAX_NUMBER_CHARS:
+        raise ValueError(f"the number in {_shown(original)} has more than {MAX_NUMBER_CHARS} characters")
+    if not _DECIMAL.match(text):
+        raise ValueError(f"cannot read the number in {_shown(original)}")
+    number = Decimal(text)
+    if number and not -MAX_EXPONENT <= number.adjusted() <= MAX_EXPONENT:
+        raise ValueError(f"the number in {_shown(original)} is outside 1e-{MAX_EXPONENT} .. 1e{MAX_EXPONENT}")
+    return number
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _split(text: object, kind: str, example: str) -> tuple[Decimal, str]:
@@ -49,12 +75,8 @@ def _split(text: object, kind: str, example: str) -> tuple[Decimal, str]:
         raise ValueError(f"expected a {kind} with a unit such as {example!r}, got the bare number {text!r}")
     m = _QUANTITY.match(str(text))
     if not m:
-        raise ValueError(f"cannot read {text!r} as a {kind}; write e.g. {example!r}")
-    try:
-        number = Decimal(m.group("num"))
-    except InvalidOperation as exc:  # the regex should make this unreachable; keep the error typed
-        raise ValueError(f"cannot read the number in {text!r}") from exc
-    return number, m.group("unit") or ""
+        raise ValueError(f"cannot read {_shown(text)} as a {kind}; write e.g. {example!r}")
+    return bounded_decimal(m.group("num"), text), m.group("unit") or ""
 
 
 def _exact_int(value: Decimal, text: object, what: str) -> int:
@@ -92,6 +114,8 @@ def parse_time_ns(text: object) -> int:
         raise ValueError(f"the time {text!r} needs a unit: ns, us, ms, s, min (e.g. '250us', '40s')")
     if unit == "m":
         raise ValueError(f"ambiguous time unit 'm' in {text!r}: write 'ms' or 'min'")
+    if unit.startswith(":"):   # YAML 1.1 read 1:30:00 as base 60 (5400); the plan reads it as written
+        raise ValueError(f"{_shown(text)} is not a time: write a number and a unit, e.g. '90min' or '5400s'")
     if unit not in TIME_UNITS_NS:
         raise ValueError(f"unknown time unit {unit!r}; use one of ns, us, ms, s, min, h")
     ns = _exact_int(number * TIME_UNITS_NS[unit], text, "nanoseconds")
@@ -123,19 +147,22 @@ def parse_fraction(text: object) -> float:
     """Parse a fraction such as '1/16', '10%', '0.25' or 0.25 into a float in [0, 1]."""
     if isinstance(text, bool) or not isinstance(text, (str, int, float)):
         raise ValueError(f"expected a fraction such as '1/16' or '10%', got {type(text).__name__}")
+    if isinstance(text, float) and not math.isfinite(text):
+        raise ValueError(f"the fraction {text!r} is not a finite number")
     raw = str(text).strip()
     try:
         if raw.endswith("%"):
-            value = Fraction(Decimal(raw[:-1].strip())) / 100
+            value = Fraction(bounded_decimal(raw[:-1], text)) / 100
         elif "/" in raw:
             num, _, den = raw.partition("/")
-            value = Fraction(Decimal(num.strip())) / Fraction(Decimal(den.strip()))
+            value = Fraction(bounded_decimal(num, text)) / Fraction(bounded_decimal(den, text))
         else:
-            value = Fraction(Decimal(raw))
+            value = Fraction(bounded_decimal(raw, text))
     except (InvalidOperation, ZeroDivisionError, ValueError) as exc:
-        raise ValueError(f"cannot read {text!r} as a fraction; write e.g. '1/16', '10%' or 0.1") from exc
+        raise ValueError(f"cannot read {_shown(text)} as a fraction; write e.g. '1/16', '10%' or 0.1 "
+                         f"({exc})") from None
     if not 0 <= value <= 1:
-        raise ValueError(f"the fraction {text!r} is outside [0, 1]")
+        raise ValueError(f"the fraction {_shown(text)} is outside [0, 1]")
     return float(value)
 
 
@@ -150,7 +177,7 @@ def _relative(text: object, allowed: tuple[str, ...]) -> tuple[str, Fraction] | 
     if isinstance(text, str):
         m = _QUANTITY.match(text)
         if m and (m.group("unit") or "").lower() in allowed:
-            value = Fraction(Decimal(m.group("num")))
+            value = Fraction(bounded_decimal(m.group("num"), text))
             if not 0 < value <= 1000:
                 raise ValueError(f"{text!r}: the multiple must be in (0, 1000]")
             return m.group("unit").lower(), value
