@@ -123,8 +123,9 @@ class AgentClient:
         Every failure is an AgentError: a coded refusal of the agent as it came, a lost or silent connection
         as AgentUnreachable (op timeout: OP_TIMEOUT_S), a reply that breaks the protocol as code `protocol`.
         After the latter two the connection is closed: what follows on it can no longer be trusted."""
-        if self.ws is None:
-            raise AgentUnreachable(self.host, op, "not connected")
+        if not self.connected:
+            await self._abandon()
+            raise AgentUnreachable(self.host, op, "control connection already lost")
         timeout_s = OP_TIMEOUT_S.get(op, 60.0)
         if isinstance(args, protocol.CollectArgs):
             timeout_s = args.timeout_s + COLLECT_TRANSFER_S
