@@ -24,8 +24,10 @@ from schemas.validate import ProtocolError, check, check_result
 log = logging.getLogger("tcplab.manager")
 # Keepalive: a peer that stops answering (stopped process, cut link) is declared gone within
 # PING_INTERVAL_S + PING_TIMEOUT_S, whatever op is (or is not) in flight.
+# PING_INTERVAL_S + PING_TIMEOUT_S + CLOSE_TIMEOUT_S (the closing handshake a silent peer never completes).
 PING_INTERVAL_S = 5.0
 PING_TIMEOUT_S = 10.0
+CLOSE_TIMEOUT_S = 2.0
 # The longest each op may take before the host is declared unreachable. collect adds its own wait for the
 # tasks (CollectArgs.timeout_s) to COLLECT_TRANSFER_S for sending the artifacts.
 OP_TIMEOUT_S = {"hello": 15.0, "clock": 5.0, "apply": 120.0, "schedule": 30.0, "status": 15.0, "stop": 30.0,
@@ -86,7 +88,7 @@ class AgentClient:
         """Connect and authenticate; AgentUnreachable when the agent cannot be reached within
         CONNECT_TIMEOUT_S (no socket, refused, no handshake)."""
         limits = {"max_size": 8 * 1024 * 1024, "ping_interval": PING_INTERVAL_S, "ping_timeout": PING_TIMEOUT_S,
-                  "open_timeout": CONNECT_TIMEOUT_S}
+                  "close_timeout": CLOSE_TIMEOUT_S, "open_timeout": CONNECT_TIMEOUT_S}
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT_S):
                 if self.url.startswith("unix:"):
