@@ -70,7 +70,7 @@ async def run_plan(plan_path: Path, db_url: str | None, inventory: Path | None, 
                 if outcome.status != "complete":
                     failed += 1
                     what = "not stored" if outcome.status == PENDING else "failed"
-                    console.print(f"[red]run {spec.run_id} {what}[/red]: {outcome.error}", markup=False)
+                    console.print(f"run {spec.run_id} {what}: {outcome.error}", style="red", markup=False)
                 for flag in outcome.flags:
                     console.print(f"flag {spec.run_id}: {flag}", style="yellow", markup=False)
     from analysis.summary import format_table, run_table
@@ -78,6 +78,7 @@ async def run_plan(plan_path: Path, db_url: str | None, inventory: Path | None, 
     try:
         print(format_table(run_table(db, [s.run_id for s in specs])))
     except DB_ERRORS as exc:
-        console.print(f"no results table: the database is unreachable ({exc})", style="red", markup=False)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        console.print(f"no results table: the database is unreachable ({first})", style="red", markup=False)
     return 1 if failed else 0
 
