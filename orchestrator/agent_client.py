@@ -57,6 +57,8 @@ def artifact_name_problem(name: object) -> str | None:
     not trusted to choose a path: one plain component, no dot files (`.part` names are ours)."""
     if not isinstance(name, str) or not name:
         return "is empty"
+    if name in (".", ".."):
+        return "names the run folder or its parent"
     if "\x00" in name:
         return "contains NUL"
     if "/" in name or "\\" in name:
