@@ -36,6 +36,7 @@ from schemas.flag import Flag
 
 log = logging.getLogger("tcplab.manager")
 START_MARGIN_NS = 2_000_000_000
+RECONNECT_WAIT_S = 20.0   # an agent restarted by its supervisor answers within a few seconds
 Phase = Callable[[str, str], None]
 DB_ERRORS = (SQLAlchemyError, psycopg.Error, IngestError)
 R = TypeVar("R")
@@ -130,16 +131,20 @@ class RunEngine:
             raise RunFailed("; ".join(str(e) for e in failed.values()))
         return done
 
-    async def reconnect_lost(self) -> None:
-        """A host whose control connection was lost in an earlier run (agent restarted, link back) is connected
-        again before the next run touches it; one still unreachable fails that run, naming it."""
+    async def reconnect_lost(self, wait_s: float = RECONNECT_WAIT_S) -> None:
+        """A host whose control connection was lost in an earlier run (agent restarting, link back) is connected
+        again before the next run touches it, retried for up to `wait_s`; one still unreachable fails that
+        run, naming it."""
         for role, client in self.clients.items():
-            if not client.connected:
+            deadline = time.monotonic() + wait_s
+            while not client.connected:
                 try:
                     self.hellos[role] = await client.connect()
+                    log.info("reconnected host=%s", role)
                 except AgentError as exc:
-                    raise RunFailed(f"{exc} (lost in an earlier run)") from None
-                log.info("reconnected host=%s", role)
+                    if time.monotonic() > deadline:
+                        raise RunFailed(f"{exc} (lost in an earlier run)") from None
+                    await asyncio.sleep(0.5)
 
     async def reset_all(self, roles: Iterable[str]) -> list[dict]:
         """Reset every role, each on its own: reset evidence for those that answered (restored or the
