@@ -23,8 +23,8 @@ from schemas.validate import ProtocolError, check, check_result
 
 log = logging.getLogger("tcplab.manager")
 # Keepalive: a peer that stops answering (stopped process, cut link) is declared gone within
-# PING_INTERVAL_S + PING_TIMEOUT_S, whatever op is (or is not) in flight.
-# PING_INTERVAL_S + PING_TIMEOUT_S + CLOSE_TIMEOUT_S (the closing handshake a silent peer never completes).
+# PING_INTERVAL_S + PING_TIMEOUT_S + CLOSE_TIMEOUT_S (the closing handshake a silent peer never completes),
+# whatever op is (or is not) in flight.
 PING_INTERVAL_S = 5.0
 PING_TIMEOUT_S = 10.0
 CLOSE_TIMEOUT_S = 2.0
@@ -87,8 +87,8 @@ class AgentClient:
             await self.ws.wait_closed()
 
     async def connect(self, client_name: str = "tcplab-manager") -> protocol.HelloResult:
-        """Connect and authenticate; AgentUnreachable when the agent cannot be reached within
-        CONNECT_TIMEOUT_S (no socket, refused, no handshake)."""
+        """Open the connection and authenticate. AgentUnreachable when the agent cannot be reached, or does not
+        complete the hello, within CONNECT_TIMEOUT_S (no socket, refused, no handshake)."""
         limits = {"max_size": 8 * 1024 * 1024, "ping_interval": PING_INTERVAL_S, "ping_timeout": PING_TIMEOUT_S,
                   "close_timeout": CLOSE_TIMEOUT_S, "open_timeout": CONNECT_TIMEOUT_S}
         try:
@@ -97,11 +97,24 @@ class AgentClient:
                     self.ws = await unix_connect(self.url.removeprefix("unix:"), uri="ws://localhost/", **limits)
                 else:
                     self.ws = await connect(self.url.replace("tcp://", "ws://"), **limits)
-                greeting = json.loads(await self.ws.recv())
         except (OSError, TimeoutError, InvalidHandshake, ConnectionClosed, ValueError) as exc:
             await self._abandon()
             raise AgentUnreachable(self.host, "hello", f"cannot connect to {self.url}: "
                                    f"{str(exc) or type(exc).__name__}") from None
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                return await self._hello(client_name)
+        except (TimeoutError, ConnectionClosed, OSError) as exc:
+            await self._abandon()
+            raise AgentUnreachable(self.host, "hello", f"no hello from {self.url}: "
+                                   f"{str(exc) or type(exc).__name__}") from None
+        except BaseException:
+            await self._abandon()
+            raise
+
+    async def _hello(self, client_name: str) -> protocol.HelloResult:
+        assert self.ws is not None
+        greeting = json.loads(await self.ws.recv())
         check("event", greeting, code="protocol")
         if greeting["event"] != "challenge":
             raise AgentError(self.host, "hello", "protocol", "agent did not send a challenge", None)
