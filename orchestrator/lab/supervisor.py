@@ -93,8 +93,8 @@ def main(state_dir: str) -> int:
         if dead and not stopping:
             time.sleep(RESTART_DELAY_S)   # its socket path is reused: let the old one's close finish
             for role in dead:
-                print(f"supervisor: agent {role} (pid {children[role].pid}) exited {children[role].returncode}; "
-                      "restarting", file=sys.stderr, flush=True)
+                print(f"supervisor: agent restarted host={role} old_pid={children[role].pid} "
+                      f"returncode={children[role].returncode}", file=sys.stderr, flush=True)
                 restarts[role].append(now)
                 children[role] = subprocess.Popen(agents[role], stdin=subprocess.DEVNULL)
             known = {p.pid for p in children.values()}

@@ -12,6 +12,7 @@ from orchestrator.agent_client import CLOSE_TIMEOUT_S, PING_INTERVAL_S, PING_TIM
 from orchestrator.engine import marker
 from orchestrator.lab.netns import AGENT_ARTIFACTS, pid_alive
 from tests.fault.conftest import Background, ns_pids, run_ids, short_plan, wait_for
+from tests.lab.conftest import stored_flags
 
 ALL = ("client", "aqm", "server")
 
@@ -90,6 +91,8 @@ def test_silent_control_connection_is_detected_within_the_keepalive_bound(fault_
     assert rc == 1 and row.status == "failed" and "agent aqm" in row.error, (rc, row)
     assert detected <= bound + 5   # + the other hosts' reset
     assert_others_reset(fault_lab, run_dir.name, "aqm")
+    assert any(f.guard == "G-RESET" and f.host == "aqm" and "reset not done" in f.message
+               for f in stored_flags(fault_lab.db)[run_dir.name])   # the unreset host is named on the run
     after = fault_lab.complete_runs()
     lost = sum(1 for r, fin in before.items() if after.get(r) != fin)
     took = time.monotonic() - began
