@@ -51,21 +51,32 @@ def test_manager_killed_mid_run_is_recovered_by_the_next_manager(fault_lab, tmp_
     complete_at_kill = fault_lab.complete_runs()
     assert first in complete_at_kill and second not in complete_at_kill
     assert marker.read(fault_lab.results / second).phase == marker.RUNNING   # left behind by the killed manager
+    # the next manager (running another plan) finds the stale run: resets every host, records it failed
     restarted = time.monotonic()
-    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+    other = short_plan(tmp_path, "fault-manager-next", duration="2s")
+    done = subprocess.run([*argv[:4], str(other), *argv[5:]], cwd=REPO, capture_output=True, text=True, timeout=120)
     said = " ".join(done.stderr.split())   # the console wraps lines
     print(done.stdout[-2000:], said[-3000:])
+    assert done.returncode == 0, said[-3000:]
     assert f"recovered run {second}: failed ({STALE_REASON}" in said
-    assert "1 of 2 runs already complete" in said
-    assert done.returncode == 0, done.stderr[-3000:]
+    row = fault_lab.run_row(second)
+    assert row.status == "failed" and row.error.startswith(STALE_REASON), row
+    reset = fault_lab.evidence(second, "reset")
+    assert {r: d["restored"] for r, d in reset.items()} == {"client": True, "aqm": True, "server": True}, reset
+    assert marker.read(fault_lab.results / second) is None
+    recovered_in = time.monotonic() - restarted
+    # and the killed plan, run again, reruns only the stale run
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 0 and "1 of 2 runs already complete" in said, said[-3000:]
     after = fault_lab.complete_runs()
     lost = sum(1 for r, fin in complete_at_kill.items() if after.get(r) != fin)
     lost += sum(1 for r, fin in before.items() if after.get(r) != fin)
     assert second in after and marker.read(fault_lab.results / second) is None
     took = time.monotonic() - began
     ledger.fault("manager killed mid-run", survived=lost == 0 and second in after, runs_lost=lost,
-                 detail=f"stale run recorded failed and rerun by the next manager in "
-                        f"{time.monotonic() - restarted:.0f} s; test {took:.0f} s")
+                 detail=f"stale run recorded failed, hosts reset by the next manager ({recovered_in:.0f} s), "
+                        f"then rerun; test {took:.0f} s")
     print(f"manager kill: completed before {len(complete_at_kill)}, after {len(after)}, lost {lost}; {took:.1f} s")
     assert lost == 0
 
