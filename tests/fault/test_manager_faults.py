@@ -64,6 +64,9 @@ def test_manager_killed_mid_run_is_recovered_by_the_next_manager(fault_lab, tmp_
     reset = fault_lab.evidence(second, "reset")
     assert {r: d["restored"] for r, d in reset.items()} == {"client": True, "aqm": True, "server": True}, reset
     assert marker.read(fault_lab.results / second) is None
+    salvaged = sorted(str(p.relative_to(fault_lab.results / second)) for p in (fault_lab.results / second).glob("*/*"))
+    print(f"stale run's artifacts collected by the next manager: {salvaged}")
+    assert salvaged   # what the agents still held of the interrupted run is kept with it
     recovered_in = time.monotonic() - restarted
     # and the killed plan, run again, reruns only the stale run
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
