@@ -150,7 +150,7 @@ class AgentClient:
             async with asyncio.timeout(timeout_s):
                 return await self._call(op, args, sink)
         except AgentError as exc:
-            if exc.code == "protocol":
+            if exc.code in ("protocol", "local_io"):   # mid-stream: the frames that follow cannot be placed
                 await self._abandon()
             raise
         except TimeoutError:
@@ -228,10 +228,10 @@ class AgentClient:
         if problem or info.size < 0:
             why = problem or f"has a negative size {info.size}"
             raise AgentError(self.host, "collect", "protocol", f"artifact name {info.name[:80]!r} {why}", "name")
-        sink.mkdir(parents=True, exist_ok=True)
         tmp = sink / f".{info.name}.part"
         digest, got = hashlib.sha256(), 0
         try:
+            sink.mkdir(parents=True, exist_ok=True)
             with open(tmp, "wb") as fh:
                 while got < info.size:
                     chunk = await self.ws.recv()
@@ -245,6 +245,9 @@ class AgentClient:
                 raise AgentError(self.host, "collect", "protocol", f"artifact {info.name!r}: sha256/size mismatch",
                                  "name")
             tmp.rename(sink / info.name)
+        except OSError as exc:   # the manager's own disk (full, read-only): not the agent's fault, not the link's
+            raise AgentError(self.host, "collect", "local_io", f"artifact {info.name!r}: cannot write it to {sink}: "
+                             f"{exc.strerror or exc}", "name") from None
         finally:
             tmp.unlink(missing_ok=True)
 
