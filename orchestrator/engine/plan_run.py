@@ -31,7 +31,12 @@ async def run_plan(plan_path: Path, db_url: str | None, inventory: Path | None, 
                 "path": str(plan_path), "text": plan_path.read_text(),
                 "created_at": dt.datetime.now(dt.UTC)}
     inv = load_inventory(inventory or inventory_path())
-    db = open_db(db_url)
+    try:
+        db = open_db(db_url)   # connects and migrates: an unreachable database shows here, before any host
+    except DB_ERRORS as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        console.print(f"cannot start: the database is unreachable ({first})", style="red", markup=False)
+        return 6
     failed = 0
     engine = RunEngine(inv, db, results)
     try:
