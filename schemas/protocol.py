@@ -12,8 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.hoststate import HostState
 from schemas import limits
+from schemas.hoststate import HostState
 from schemas.identifiers import RUN_ID_PATTERN, TASK_ID_PATTERN
 
 PROTOCOL_VERSION = 1
