@@ -7,6 +7,7 @@ the agent's own child and is stopped by pid.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import re
@@ -55,8 +56,21 @@ class TaskRunner:
         try:
             await self.execute()
             self.state = "done"
+        except OSError as exc:
+            self.state, self.detail = "failed", (self._no_space() if exc.errno == errno.ENOSPC
+                                                 else f"{type(exc).__name__}: {exc}")
         except Exception as exc:  # the failure is reported to the manager through status/collect
             self.state, self.detail = "failed", f"{type(exc).__name__}: {exc}"
+        # a tool writing its artifact may ignore a failed write (tcpdump does): a full artifacts filesystem
+        # after the task means the artifact is truncated, whatever the tool said
+        if self.state == "done" and self.out_name and artifacts_disk_full(self.run_dir):
+            self.state, self.guard, self.detail = "failed", None, self._no_space()
+
+    def _no_space(self) -> str:
+        path = self.run_dir / self.out_name if self.out_name else self.run_dir
+        size = path.stat().st_size if path.is_file() else 0
+        return (f"no space left on device: the artifacts filesystem of {self.run_dir} is full; "
+                f"{path.name} is truncated at {size} bytes")
 
     async def execute(self) -> None:
         raise NotImplementedError
@@ -71,6 +85,18 @@ class TaskRunner:
     def status(self) -> protocol.TaskStatus:
         return protocol.TaskStatus(task_id=self.task_id, kind=self.kind, state=self.state, detail=self.detail,
                                    guard=self.guard)
+
+
+DISK_FULL_BYTES = 64 * 1024
+
+
+def artifacts_disk_full(path: Path) -> bool:
+    """Whether the filesystem holding `path` has less than DISK_FULL_BYTES left for the agent."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < DISK_FULL_BYTES
 
 
 class _ProcessTask(TaskRunner):

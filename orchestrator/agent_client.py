@@ -5,6 +5,7 @@ against the sha256 the agent announced before the file is kept.
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -14,13 +15,26 @@ import time
 from pathlib import Path
 from typing import cast
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from websockets.asyncio.client import ClientConnection, connect, unix_connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from schemas import handshake, protocol
-from schemas.validate import check, check_result
+from schemas.validate import ProtocolError, check, check_result
 
 log = logging.getLogger("tcplab.manager")
+# Keepalive: a peer that stops answering (stopped process, cut link) is declared gone within
+# PING_INTERVAL_S + PING_TIMEOUT_S + CLOSE_TIMEOUT_S (the closing handshake a silent peer never completes),
+# whatever op is (or is not) in flight.
+PING_INTERVAL_S = 5.0
+PING_TIMEOUT_S = 10.0
+CLOSE_TIMEOUT_S = 2.0
+# The longest each op may take before the host is declared unreachable. collect adds its own wait for the
+# tasks (CollectArgs.timeout_s) to COLLECT_TRANSFER_S for sending the artifacts.
+OP_TIMEOUT_S = {"hello": 15.0, "clock": 5.0, "apply": 120.0, "schedule": 30.0, "status": 15.0, "stop": 30.0,
+                "reset": 120.0, "bye": 5.0}
+COLLECT_TRANSFER_S = 300.0
+CONNECT_TIMEOUT_S = 15.0
 
 
 class AgentError(Exception):
@@ -32,6 +46,31 @@ class AgentError(Exception):
         super().__init__(f"agent {host}: {message}{where} [{code}]")
 
 
+class AgentUnreachable(AgentError):
+    """The control connection to a host is gone (closed, cut, or silent past its keepalive or op timeout)."""
+
+    def __init__(self, host: str, op: str, message: str):
+        super().__init__(host, op, "unreachable", message, None)
+
+
+def artifact_name_problem(name: object) -> str | None:
+    """Why an announced artifact name cannot be a file name in the run folder (None: it can). The agent is
+    not trusted to choose a path: one plain component, no dot files (`.part` names are ours)."""
+    if not isinstance(name, str) or not name:
+        return "is empty"
+    if name in (".", ".."):
+        return "names the run folder or its parent"
+    if "\x00" in name:
+        return "contains NUL"
+    if "/" in name or "\\" in name:
+        return "contains a path separator"
+    if name.startswith("."):
+        return "starts with a dot"
+    if len(name.encode()) > 200:
+        return "is longer than 200 bytes"
+    return None
+
+
 class AgentClient:
     def __init__(self, host: str, url: str, token: bytes, tls: ssl.SSLContext | None = None):
         """`tls`: a client context that verifies the agent's certificate against the testbed CA (and may carry
@@ -41,21 +80,43 @@ class AgentClient:
         self._next_id = 0
         self.hello: protocol.HelloResult | None = None
 
+    @property
+    def connected(self) -> bool:
+        return self.ws is not None and self.ws.close_code is None
+
+    async def wait_lost(self) -> None:
+        """Returns when the control connection closes (the peer went away or stopped answering pings)."""
+        if self.ws is not None:
+            await self.ws.wait_closed()
+
     async def connect(self, client_name: str = "tcplab-manager") -> protocol.HelloResult:
         """Open the connection and authenticate both ways: prove the token to the agent, and refuse an agent
-        that cannot prove it back over the same nonces and the same TLS channel."""
-        limits = {"max_size": 8 * 1024 * 1024, "ping_interval": 20, "ping_timeout": 60}
-        if self.url.startswith("unix:"):
-            self.ws = await unix_connect(self.url.removeprefix("unix:"), uri="ws://localhost/", **limits)
-        elif self.tls is not None:
-            self.ws = await connect(self.url.replace("tcp://", "wss://"), ssl=self.tls, **limits)
-        else:
-            self.ws = await connect(self.url.replace("tcp://", "ws://"), **limits)
+        that cannot prove it back over the same nonces and the same TLS channel. AgentUnreachable when the agent
+        cannot be reached, or does not complete the hello, within CONNECT_TIMEOUT_S (no socket, refused, no
+        handshake, a certificate that does not verify)."""
+        limits = {"max_size": 8 * 1024 * 1024, "ping_interval": PING_INTERVAL_S, "ping_timeout": PING_TIMEOUT_S,
+                  "close_timeout": CLOSE_TIMEOUT_S, "open_timeout": CONNECT_TIMEOUT_S}
         try:
-            return await self._hello(client_name)
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                if self.url.startswith("unix:"):
+                    self.ws = await unix_connect(self.url.removeprefix("unix:"), uri="ws://localhost/", **limits)
+                elif self.tls is not None:
+                    self.ws = await connect(self.url.replace("tcp://", "wss://"), ssl=self.tls, **limits)
+                else:
+                    self.ws = await connect(self.url.replace("tcp://", "ws://"), **limits)
+        except (OSError, TimeoutError, InvalidHandshake, ConnectionClosed, ValueError) as exc:
+            await self._abandon()
+            raise AgentUnreachable(self.host, "hello", f"cannot connect to {self.url}: "
+                                   f"{str(exc) or type(exc).__name__}") from None
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                return await self._hello(client_name)
+        except (TimeoutError, ConnectionClosed, OSError) as exc:
+            await self._abandon()
+            raise AgentUnreachable(self.host, "hello", f"no hello from {self.url}: "
+                                   f"{str(exc) or type(exc).__name__}") from None
         except BaseException:
-            await self.ws.close()
-            self.ws = None
+            await self._abandon()
             raise
 
     async def _hello(self, client_name: str) -> protocol.HelloResult:
@@ -87,13 +148,47 @@ class AgentClient:
                 await self.call("bye", protocol.Empty())
             except Exception:  # noqa: BLE001 - closing a broken connection must not mask the real error
                 pass
-            await self.ws.close()
+            if self.ws is not None:
+                await self.ws.close()
             self.ws = None
 
     async def call(self, op: str, args: BaseModel, sink: Path | None = None) -> BaseModel:
         """Send one request and wait for its reply, returned as the op's result model (schemas/protocol.py
-        RESULTS); artifact frames in between are written to `sink`. The typed ops below are what callers use."""
-        assert self.ws is not None, "connect() first"
+        RESULTS); artifact frames in between are written to `sink`. The typed ops below are what callers use.
+
+        Every failure is an AgentError: a coded refusal of the agent as it came, a lost or silent connection
+        as AgentUnreachable (op timeout: OP_TIMEOUT_S), a reply that breaks the protocol as code `protocol`.
+        After the latter two the connection is closed: what follows on it can no longer be trusted."""
+        if not self.connected:
+            await self._abandon()
+            raise AgentUnreachable(self.host, op, "control connection already lost")
+        timeout_s = OP_TIMEOUT_S.get(op, 60.0)
+        if isinstance(args, protocol.CollectArgs):
+            timeout_s = args.timeout_s + COLLECT_TRANSFER_S
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await self._call(op, args, sink)
+        except AgentError as exc:
+            if exc.code in ("protocol", "local_io"):   # mid-stream: the frames that follow cannot be placed
+                await self._abandon()
+            raise
+        except TimeoutError:
+            await self._abandon()
+            raise AgentUnreachable(self.host, op, f"no reply to {op} within {timeout_s:.0f} s") from None
+        except (ConnectionClosed, OSError) as exc:
+            await self._abandon()
+            raise AgentUnreachable(self.host, op, f"control connection lost during {op}: {exc}") from None
+        except (ProtocolError, ValidationError, ValueError, KeyError, TypeError) as exc:
+            await self._abandon()
+            raise AgentError(self.host, op, "protocol", f"reply broke the protocol: {exc}", None) from None
+
+    async def _abandon(self) -> None:
+        if self.ws is not None:
+            ws, self.ws = self.ws, None
+            ws.transport.abort()   # no closing handshake: the peer may be the thing that stopped answering
+
+    async def _call(self, op: str, args: BaseModel, sink: Path | None) -> BaseModel:
+        assert self.ws is not None
         self._next_id += 1
         req = {"id": self._next_id, "op": op, "args": args.model_dump(mode="json")}
         await self.ws.send(json.dumps(req))
@@ -102,7 +197,7 @@ class AgentClient:
             if "event" in msg:
                 check("event", msg, code="protocol")
                 if msg["event"] == "artifact":
-                    await self._receive_artifact(msg["data"], sink)
+                    await self._receive_artifact(msg.get("data"), sink)
                 continue
             check("reply", msg, code="protocol")
             if msg.get("id") != self._next_id:
@@ -135,27 +230,45 @@ class AgentClient:
     async def clock(self, t1_ns: int) -> protocol.ClockResult:
         return cast(protocol.ClockResult, await self.call("clock", protocol.ClockArgs(t1_ns=t1_ns)))
 
-    async def _receive_artifact(self, info: dict, sink: Path | None) -> None:
+    async def _receive_artifact(self, data: object, sink: Path | None) -> None:
+        """Write one announced artifact to `sink` as a `.part` file, kept under its name only when size and
+        sha256 match. A name that is not one plain file name is refused before anything is written, and no
+        `.part` file outlives a failure."""
         assert self.ws is not None
         if sink is None:
             raise AgentError(self.host, "collect", "protocol", "artifact frames outside collect", None)
-        sink.mkdir(parents=True, exist_ok=True)
-        name = Path(info["name"]).name  # never let an agent choose a path outside the run folder
-        tmp = sink / f".{name}.part"
+        try:
+            info = protocol.ArtifactInfo.model_validate(data)
+        except ValidationError as exc:
+            shown = repr(data.get("name"))[:80] if isinstance(data, dict) else type(data).__name__
+            raise AgentError(self.host, "collect", "protocol",
+                             f"artifact {shown}: announcement refused: {exc.errors()[0]['msg']}", "name") from None
+        problem = artifact_name_problem(info.name)
+        if problem or info.size < 0:
+            why = problem or f"has a negative size {info.size}"
+            raise AgentError(self.host, "collect", "protocol", f"artifact name {info.name[:80]!r} {why}", "name")
+        tmp = sink / f".{info.name}.part"
         digest, got = hashlib.sha256(), 0
-        with open(tmp, "wb") as fh:
-            while got < info["size"]:
-                chunk = await self.ws.recv()
-                if not isinstance(chunk, bytes):
-                    raise AgentError(self.host, "collect", "protocol", f"{name}: text frame in data",
-                                     None)
-                fh.write(chunk)
-                digest.update(chunk)
-                got += len(chunk)
-        if got != info["size"] or digest.hexdigest() != info["sha256"]:
-            tmp.unlink()
-            raise AgentError(self.host, "collect", "protocol", f"{name}: sha256/size mismatch", None)
-        tmp.rename(sink / name)
+        try:
+            sink.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as fh:
+                while got < info.size:
+                    chunk = await self.ws.recv()
+                    if not isinstance(chunk, bytes):
+                        raise AgentError(self.host, "collect", "protocol", f"artifact {info.name!r}: text frame "
+                                         "in its data", "name")
+                    fh.write(chunk)
+                    digest.update(chunk)
+                    got += len(chunk)
+            if got != info.size or digest.hexdigest() != info.sha256:
+                raise AgentError(self.host, "collect", "protocol", f"artifact {info.name!r}: sha256/size mismatch",
+                                 "name")
+            tmp.rename(sink / info.name)
+        except OSError as exc:   # the manager's own disk (full, read-only): not the agent's fault, not the link's
+            raise AgentError(self.host, "collect", "local_io", f"artifact {info.name!r}: cannot write it to {sink}: "
+                             f"{exc.strerror or exc}", "name") from None
+        finally:
+            tmp.unlink(missing_ok=True)
 
     async def clock_offset_ns(self, samples: int = 5) -> tuple[int, int]:
         """NTP-style offset (agent - manager) and RTT of the best of `samples` exchanges."""

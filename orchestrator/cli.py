@@ -178,14 +178,25 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    from orchestrator.guards.finalise import finalise_run
-    from orchestrator.ingest.record import RunRecord
+    from sqlalchemy import select
+
+    from orchestrator.engine.recovery import ingest_run_dir, pending_ingests
+    from orchestrator.storage import tables
     from orchestrator.storage.db import open_db
 
     db = open_db(args.db)
+    run_dirs = list(args.run_dirs)
+    if args.pending:
+        with db.connect() as conn:
+            stored = set(conn.scalars(select(tables.run.c.run_id)))
+        run_dirs += [d for d in pending_ingests(args.results, stored) if d not in run_dirs]
+        console.print(f"{len(run_dirs)} run(s) pending ingest in {args.results}")
+    elif not run_dirs:
+        console.print("[red]ingest: name run folders, or --pending[/red]")
+        return 2
     failed = 0
-    for run_dir in args.run_dirs:
-        outcome = finalise_run(db, run_dir, RunRecord.load(run_dir))
+    for run_dir in run_dirs:
+        outcome = ingest_run_dir(db, run_dir)
         console.print(f"{run_dir.name}: {outcome.status}, " + ", ".join(f"{k} {v}" for k, v in outcome.counts.items()
                                                                          if v))
         if outcome.error:
@@ -252,8 +263,11 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.set_defaults(func=cmd_compare)
 
     ing = sub.add_parser("ingest", help="(re)ingest collected runs from results/<run-id>/ folders")
-    ing.add_argument("run_dirs", nargs="+", type=Path)
+    ing.add_argument("run_dirs", nargs="*", type=Path)
     ing.add_argument("--db", default=None)
+    ing.add_argument("--pending", action="store_true",
+                     help="also every run in --results that is on disk but not in the DB (database was down)")
+    ing.add_argument("--results", type=Path, default=Path("results"))
     ing.set_defaults(func=cmd_ingest)
 
     tab = sub.add_parser("table", help="print the per-run results table")

@@ -1,6 +1,12 @@
 """The run engine (effects): for every RunSpec, apply -> verify read-back -> clock exchange -> schedule at T0 ->
 wait -> collect -> reset, then hand the run to finalise_run (parse, post-run guards, one write). Hosts are
 driven concurrently; a failed run is recorded as failed with its evidence and keeps its artifacts on disk.
+
+Failures (docs/architecture.md, "Failures and recovery"): every op is bounded in time and a lost control
+connection is noticed while the flows run, so a dead or silent host fails the run with its name; reset is
+tried on every host independently; a RUNNING marker (engine/marker.py) is on disk while hosts are touched and
+until the run is in the database, so a manager stopped mid-run, or a database down at ingest, loses nothing
+(engine/recovery.py).
 """
 from __future__ import annotations
 
@@ -12,25 +18,32 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
+import psycopg
 from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
-from orchestrator.agent_client import AgentClient, AgentError
-from orchestrator.engine import bind, verify
+from orchestrator.agent_client import AgentClient, AgentError, AgentUnreachable
+from orchestrator.engine import bind, marker, verify
 from orchestrator.guards import pre_run
 from orchestrator.guards.finalise import RunOutcome, finalise_run
 from orchestrator.ingest.assemble import sender_ports
 from orchestrator.ingest.record import RunRecord
 from orchestrator.inventory import Inventory
 from orchestrator.plan import RunSpec
+from orchestrator.storage.run_ingest import IngestError
 from schemas import protocol
 from schemas.flag import Flag
 
 log = logging.getLogger("tcplab.manager")
 START_MARGIN_NS = 2_000_000_000
+RECONNECT_WAIT_S = 20.0   # an agent restarted by its supervisor answers within a few seconds
 Phase = Callable[[str, str], None]
+DB_ERRORS = (SQLAlchemyError, psycopg.Error, IngestError)
 R = TypeVar("R")
 
 __all__ = ["PreflightRefused", "RunEngine", "RunFailed", "RunOutcome"]
+# the run's outcome when the database refused the write: the run is on disk, `tcplab ingest --pending` retries
+PENDING = "pending"
 
 
 class RunFailed(Exception):
@@ -39,6 +52,10 @@ class RunFailed(Exception):
 
 class PreflightRefused(Exception):
     """The plan needs what a host lacks; raised before any host is touched."""
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _now() -> dt.datetime:
@@ -64,17 +81,26 @@ class RunEngine:
     def caps(self) -> dict[str, protocol.Capabilities]:
         return {role: hello.capabilities for role, hello in self.hellos.items()}
 
-    async def __aenter__(self) -> RunEngine:
+    async def connect_all(self) -> None:
+        """Connect every inventory host not connected yet; AgentError names the first one unreachable."""
         tls = self.inv.tls_context()
         for role, host in self.inv.hosts.items():
+            if role in self.clients:
+                continue
             client = AgentClient(role, host.agent, self.inv.token, tls=tls)
             self.hellos[role] = await client.connect()
             self.clients[role] = client
             log.info("connected host=%s kernel=%s", role, self.hellos[role].capabilities.kernel_release)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(c.close() for c in self.clients.values()), return_exceptions=True)
+
+    async def __aenter__(self) -> RunEngine:
+        await self.connect_all()
         return self
 
     async def __aexit__(self, *exc) -> None:
-        await asyncio.gather(*(c.close() for c in self.clients.values()), return_exceptions=True)
+        await self.close()
 
     def preflight(self, specs: list[RunSpec]) -> None:
         problems = sorted({p for s in specs for p in verify.capability_problems(s, self.caps)}
@@ -82,22 +108,88 @@ class RunEngine:
         if problems:
             raise PreflightRefused("plan refused before touching any host:\n  " + "\n  ".join(problems))
 
+    async def settle(self, roles: Iterable[str], op: Callable[[str, AgentClient], Awaitable[R]]
+                     ) -> tuple[dict[str, R], dict[str, AgentError]]:
+        """`op` on every role concurrently; each host's result or error, so one failing host never stops
+        (or hides) what the others did."""
+        roles = list(roles)
+        got = await asyncio.gather(*(op(r, self.clients[r]) for r in roles), return_exceptions=True)
+        done: dict[str, R] = {}
+        failed: dict[str, AgentError] = {}
+        for role, res in zip(roles, got, strict=True):
+            if isinstance(res, AgentError):
+                failed[role] = res
+            elif isinstance(res, BaseException):
+                raise res
+            else:
+                done[role] = res
+        return done, failed
+
     async def _each(self, roles: Iterable[str], op: Callable[[str, AgentClient], Awaitable[R]]) -> dict[str, R]:
-        async def one(role: str) -> tuple[str, R]:
-            return role, await op(role, self.clients[role])
-        return dict(await asyncio.gather(*(one(r) for r in roles)))
+        """`op` on every role; RunFailed naming every host that failed it, once all have answered."""
+        done, failed = await self.settle(roles, op)
+        if failed:
+            raise RunFailed("; ".join(str(e) for e in failed.values()))
+        return done
+
+    async def reconnect_lost(self, wait_s: float = RECONNECT_WAIT_S) -> None:
+        """A host whose control connection was lost in an earlier run (agent restarting, link back) is connected
+        again before the next run touches it, retried for up to `wait_s`; one still unreachable fails that
+        run, naming it."""
+        for role, client in self.clients.items():
+            deadline = time.monotonic() + wait_s
+            while not client.connected:
+                try:
+                    self.hellos[role] = await client.connect()
+                    log.info("reconnected host=%s", role)
+                except AgentError as exc:
+                    if time.monotonic() > deadline:
+                        raise RunFailed(f"{exc} (lost in an earlier run)") from None
+                    await asyncio.sleep(0.5)
+
+    async def reset_all(self, roles: Iterable[str]) -> list[dict]:
+        """Reset every role, each on its own: reset evidence for those that answered (restored or the
+        differences left), the error for those that did not."""
+        done, failed = await self.settle(roles, lambda r, c: c.reset())
+        evidence = [{"host": r, "phase": "reset", "data": res.model_dump(mode="json")} for r, res in done.items()]
+        for role, exc in failed.items():
+            log.error("reset failed host=%s error=%s", role, exc)
+            evidence.append({"host": role, "phase": "reset", "data": {"restored": False, "error": str(exc)}})
+        return evidence
+
+    async def _run_watching(self, roles: Iterable[str], seconds: float) -> None:
+        """Sleep while the flows run, but fail the run as soon as a host's control connection is lost (agent
+        killed, stopped answering pings) rather than at collect time."""
+        clients = {r: self.clients[r] for r in roles}
+        watchers = {asyncio.ensure_future(c.wait_lost()): r for r, c in clients.items()}
+        timer = asyncio.ensure_future(asyncio.sleep(seconds))
+        began = time.monotonic()
+        try:
+            done, _ = await asyncio.wait({timer, *watchers}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for fut in (timer, *watchers):
+                fut.cancel()
+        lost = sorted(watchers[f] for f in done if f in watchers)
+        if lost:
+            raise AgentUnreachable(lost[0], "running", f"control connection lost while the flows ran "
+                                   f"({time.monotonic() - began:.1f} s after they were scheduled)"
+                                   + (f"; also {', '.join(lost[1:])}" if lost[1:] else ""))
 
     async def run_one(self, spec: RunSpec, plan_row: dict | None) -> RunOutcome:
         run_dir = self.results_dir / spec.run_id
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "runspec.json").write_text(spec.model_dump_json(indent=2))
         states = bind.host_states(spec, self.inv)
-        evidence = [{"host": r, "phase": "hello", "data": self.hellos[r].model_dump(mode="json")} for r in states]
         flags: list[Flag] = []
         started, t0 = _now(), None
+        marker.write(run_dir, marker.RUNNING, started, list(self.inv.hosts), plan_row)
         artifacts: dict[str, list[dict]] = {}
         error = None
+        evidence: list[dict] = []
         try:
+            await self.reconnect_lost()
+            evidence = [{"host": r, "phase": "hello", "data": self.hellos[r].model_dump(mode="json")}
+                        for r in states]
             self.on_phase(spec.run_id, "apply")
             applied = await self._each(states, lambda r, c: c.apply(protocol.ApplyArgs(run_id=spec.run_id,
                                                                                        state=states[r])))
@@ -119,12 +211,12 @@ class RunEngine:
             await self._each(tasks, lambda r, c: c.schedule(protocol.ScheduleArgs(run_id=spec.run_id,
                                                                                    tasks=tasks[r])))
             self.on_phase(spec.run_id, "running")
-            await asyncio.sleep(max(0.0, (tl.stop_ns - time.time_ns()) / 1e9))
+            await self._run_watching(tasks, max(0.0, (tl.stop_ns - time.time_ns()) / 1e9))
             self.on_phase(spec.run_id, "collect")
-            collected = await self._each(tasks, lambda r, c: c.collect(
+            collected, lost = await self.settle(tasks, lambda r, c: c.collect(
                 protocol.CollectArgs(run_id=spec.run_id, timeout_s=60), sink=run_dir / r))
-            failed = []
-            for role, res in collected.items():
+            failed = [str(exc) for exc in lost.values()]
+            for role, res in collected.items():   # what the others sent is kept, also when one host failed
                 artifacts[role] = [a.model_dump(mode="json") for a in res.artifacts]
                 failed += [f"{role}/{t.task_id}: {t.detail}" for t in res.tasks if t.state != "done"]
                 flags += task_flags(role, res.tasks)
@@ -135,17 +227,29 @@ class RunEngine:
             log.error("run failed run=%s error=%s", spec.run_id, error)
         finally:
             self.on_phase(spec.run_id, "reset")
-            reset = await self._each(states, lambda r, c: c.reset())
-            evidence += [{"host": role, "phase": "reset", "data": res.model_dump(mode="json")}
-                         for role, res in reset.items()]
-        record = RunRecord(run=self._run_row(spec, plan_row, t0, started, error, flags), plan=plan_row,
-                           flows=self._flow_rows(spec, run_dir if error is None else None), evidence=evidence,
+            evidence += await self.reset_all(states)
+        record = RunRecord(run=self.run_row(spec, plan_row, t0, started, error, flags), plan=plan_row,
+                           flows=self.flow_rows(spec, run_dir if error is None else None), evidence=evidence,
                            artifacts=artifacts, points=bind.capture_point_names(spec, self.inv))
         record.save(run_dir)   # before parsing: a run the parsers refuse can be re-ingested as it came
+        marker.write(run_dir, marker.INGEST, started, list(self.inv.hosts), plan_row)
         self.on_phase(spec.run_id, "ingest")
-        return finalise_run(self.db, run_dir, record)
+        return await self.ingest(run_dir, record)
 
-    def _run_row(self, spec: RunSpec, plan_row, t0, started, error, flags: list[Flag]) -> dict:
+    async def ingest(self, run_dir: Path, record: RunRecord) -> RunOutcome:
+        """finalise_run off the event loop (keepalive pings of the other connections go on meanwhile); a
+        database that refuses or cannot be reached leaves the run pending on disk, marker and all."""
+        try:
+            outcome = await asyncio.to_thread(finalise_run, self.db, run_dir, record)
+        except DB_ERRORS as exc:
+            reason = f"database unreachable or refused the write: {_first_line(exc)}"
+            log.error("run not stored run=%s error=%s", record.run_id, reason)
+            return RunOutcome(record.run_id, PENDING, f"{reason} (run kept in {run_dir}; `tcplab ingest --pending`"
+                              " stores it)")
+        marker.clear(run_dir)
+        return outcome
+
+    def run_row(self, spec: RunSpec, plan_row, t0, started, error, flags: list[Flag]) -> dict:
         return {
             "run_id": spec.run_id, "plan_sha256": plan_row["plan_sha256"] if plan_row else None,
             "plan_name": spec.plan_name, "experiment": spec.experiment, "repetition": spec.repetition,
@@ -156,7 +260,7 @@ class RunEngine:
             "error": error, "flags": [f.stored() for f in flags],
         }
 
-    def _flow_rows(self, spec: RunSpec, run_dir: Path | None) -> list[dict]:
+    def flow_rows(self, spec: RunSpec, run_dir: Path | None) -> list[dict]:
         ports = sender_ports(run_dir, spec) if run_dir else {}
         return [{"flow_id": f.flow_id, "src_host": f.src, "dst_host": f.dst,
                  "src_addr": self.inv.hosts[f.src].data_addr, "dst_addr": self.inv.hosts[f.dst].data_addr,

@@ -76,6 +76,9 @@ def evidence_guards(record: RunRecord) -> list[Flag]:
     flags = clock.clock_findings(offsets)
     flags += [Flag(guard="G-RESET", host=e["host"], message=f"reset left {d}")
               for e in record.evidence if e["phase"] == "reset" for d in e["data"].get("differences", [])]
+    # a host the engine could not reach at reset (agent dead or silent) may still hold the run's settings
+    flags += [Flag(guard="G-RESET", host=e["host"], message=f"reset not done: {e['data']['error']}")
+              for e in record.evidence if e["phase"] == "reset" and e["data"].get("error")]
     return flags
 
 

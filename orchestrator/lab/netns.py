@@ -21,7 +21,7 @@ from pathlib import Path
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-from orchestrator.agent_client import AgentClient
+from orchestrator.agent_client import AgentClient, AgentError
 from orchestrator.lab.topology import PREFIX, Topology, build_argv, neigh_argv, netns_topology
 from schemas import procs
 
@@ -131,7 +131,7 @@ async def _wait_for_agents(inv: dict, token: bytes, timeout_s: float, sup: subpr
                 await client.connect("tcplab-lab")
                 await client.close()
                 break
-            except (OSError, EOFError, TimeoutError, InvalidHandshake, ConnectionClosed):
+            except (AgentError, OSError, EOFError, TimeoutError, InvalidHandshake, ConnectionClosed):
                 if time.monotonic() > deadline:
                     raise LabError(f"agent {role} did not answer within {timeout_s:.0f}s") from None
                 await asyncio.sleep(0.2)

@@ -1,6 +1,7 @@
 """Lab supervisor: starts one agent per lab namespace, plus the inventory's extra `processes` (the VM
-lab's QEMU), keeps them as its children, reaps them, and stops them (by pid) on SIGTERM. Started
-detached by `tcplab lab up`; stopped by `tcplab lab down`."""
+lab's QEMU), keeps them as its children, reaps them, restarts an agent that died (killed, crashed: a
+testbed host's service manager would), and stops them (by pid) on SIGTERM. Started detached by
+`tcplab lab up`; stopped by `tcplab lab down`. agents.json always holds the live agents' pids."""
 from __future__ import annotations
 
 import ctypes
@@ -59,14 +60,26 @@ def reap_orphans(known: set[int]) -> None:
         os.waitpid(info.si_pid, 0)
 
 
+RESTART_DELAY_S = 1.0
+MAX_RESTARTS = 5              # per agent within RESTART_WINDOW_S; beyond, it stays down (a crash loop)
+RESTART_WINDOW_S = 60.0
+
+
+def restart_allowed(history: list[float], now: float) -> bool:
+    """Whether an agent that died may be started again, given when it was restarted before (pure)."""
+    return sum(1 for t in history if now - t < RESTART_WINDOW_S) < MAX_RESTARTS
+
+
 def main(state_dir: str) -> int:
     inv = json.loads(inventory_path(Path(state_dir)).read_text())
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     children = start_processes(inv.get("processes", []))
-    children.update({role: subprocess.Popen(agent_argv(role, host, inv["token_file"], inv["prefix"]),
-                                            stdin=subprocess.DEVNULL)
-                     for role, host in inv["hosts"].items() if host.get("namespace")})
-    (Path(state_dir) / "agents.json").write_text(json.dumps({r: p.pid for r, p in children.items()}))
+    agents = {role: agent_argv(role, host, inv["token_file"], inv["prefix"])
+              for role, host in inv["hosts"].items() if host.get("namespace")}
+    children.update({role: subprocess.Popen(argv, stdin=subprocess.DEVNULL) for role, argv in agents.items()})
+    agents_file = Path(state_dir) / "agents.json"
+    agents_file.write_text(json.dumps({r: p.pid for r, p in children.items()}))
+    restarts: dict[str, list[float]] = {role: [] for role in agents}
     stopping = False
 
     def stop(signum, frame):  # noqa: ARG001 - signal handler signature
@@ -79,6 +92,19 @@ def main(state_dir: str) -> int:
     while not stopping and any([p.poll() is None for p in children.values()]):  # polls (reaps) every child
         reap_orphans(known)
         time.sleep(0.2)
+        now = time.monotonic()
+        dead = [r for r in agents if children[r].poll() is not None and restart_allowed(restarts[r], now)]
+        if dead and not stopping:
+            time.sleep(RESTART_DELAY_S)   # its socket path is reused: let the old one's close finish
+            for role in dead:
+                print(f"supervisor: agent restarted host={role} old_pid={children[role].pid} "
+                      f"returncode={children[role].returncode}", file=sys.stderr, flush=True)
+                restarts[role].append(now)
+                children[role] = subprocess.Popen(agents[role], stdin=subprocess.DEVNULL)
+            known = {p.pid for p in children.values()}
+            tmp = agents_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps({r: p.pid for r, p in children.items()}))
+            tmp.replace(agents_file)
     for p in children.values():
         if p.poll() is None:
             p.terminate()
