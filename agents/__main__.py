@@ -27,6 +27,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--token-file", required=True, type=Path, help="shared secret of the testbed")
     p.add_argument("--interface", action="append", default=[], help="allow-listed data interface")
     p.add_argument("--artifacts", type=Path, required=True, help="directory for run artifacts")
+    p.add_argument("--new-host", action="store_true",
+                   help="the host was just created (a lab namespace): drop a reset baseline a crashed agent of an "
+                        "earlier host of this name left, instead of restoring it")
     p.add_argument("--allow-sysctl", action="append", default=[], metavar="PREFIX",
                    help="sysctl prefix a plan may write (repeatable; `{interface}` stands for each --interface; "
                    f"`{allowlist.DEFAULTS}` adds the defaults; none given: the defaults, "
@@ -89,7 +92,7 @@ async def serve_forever(args: argparse.Namespace) -> None:
     # the capability probe blocks (tc, ethtool, netlink through pyroute2, whose sync sockets run their own
     # event loop): off this one
     agent = await asyncio.to_thread(Agent, args.name, token, args.interface, artifacts,
-                                    args.allow_sysctl, args.allow_module, binding, limits)
+                                    args.allow_sysctl, args.allow_module, binding, limits, args.new_host)
     stop = asyncio.get_running_loop().create_future()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, lambda: stop.done() or stop.set_result(None))
@@ -99,7 +102,8 @@ async def serve_forever(args: argparse.Namespace) -> None:
     ws_log = logging.getLogger("tcplab.agent.websockets")
     ws_log.addFilter(BoundedLogFilter())
     ws_log.setLevel(logging.WARNING)   # no line per connection opened or closed: the agent logs what matters
-    options = {"max_size": limits.max_frame_before_hello, "ping_interval": 20, "ping_timeout": 60,
+    # keepalive: a manager whose host died without closing is gone (and its run takeable) within 5 + 15 s
+    options = {"max_size": limits.max_frame_before_hello, "ping_interval": 5, "ping_timeout": 15,
                "open_timeout": 5, "close_timeout": 5, "logger": ws_log,
                "create_connection": gated_connection_factory(agent.admission, agent.audit, tls=tls)}
     if args.listen.startswith("unix:"):

@@ -17,6 +17,7 @@ from websockets.exceptions import ConnectionClosed
 
 from agents.admission import Admission, PreAuthLimits
 from agents.connections import POLICY_VIOLATION, BoundedLog, drop, peer_of, raise_frame_limit
+from agents.host import baseline
 from agents.host.capabilities import probe
 from agents.host.errors import NotAllowed, StateError
 from agents.host.executor import HostStateExecutor
@@ -44,20 +45,24 @@ BASELINE_SYSCTLS = [
 class Agent:
     def __init__(self, name: str, token: bytes, interfaces: list[str], artifacts_root: Path,
                  allow_sysctl: list[str] | None = None, allow_module: list[str] | None = None,
-                 channel_binding: str = "", limits: PreAuthLimits | None = None):
+                 channel_binding: str = "", limits: PreAuthLimits | None = None, new_host: bool = False):
         """`allow_sysctl`, `allow_module`: the testbed's --allow-sysctl/--allow-module values (none: the
         defaults of schemas/allowlist.py); a plan cannot widen them. `channel_binding`: sha256 of the agent's
-        TLS certificate ("" without TLS); `limits`: what a peer may hold before hello."""
+        TLS certificate ("" without TLS); `limits`: what a peer may hold before hello. `new_host`: the host was
+        just created, so a reset baseline left by a crashed agent of an earlier host of this name is dropped."""
         self.name, self.token = name, token
         self.interfaces = list(interfaces)
         self.artifacts_root = artifacts_root
         self.host = HostStateExecutor(
             self.interfaces,
             sysctl_prefixes=allowlist.expand_prefixes(allowlist.sysctl_prefixes(allow_sysctl or []), interfaces),
-            modules=list(allowlist.modules(allow_module or [])))
+            modules=list(allowlist.modules(allow_module or [])),
+            journal=artifacts_root / baseline.JOURNAL_NAME)
         self.capabilities = probe(self.interfaces, self.host.sysctl_prefixes, self.host.modules)
         self.host.snapshot_now(BASELINE_SYSCTLS)
-        self.applied = False
+        if new_host:
+            baseline.clear(self.host.journal)
+        self.applied = self._adopt_baseline()
         self.run_id: str | None = None
         self.runners: list[TaskRunner] = []
         self.jobs: list[asyncio.Task] = []
@@ -264,6 +269,18 @@ class Agent:
         return protocol.Empty()
 
     # ------------------------------------------------------------ helpers
+    def _adopt_baseline(self) -> bool:
+        """A previous agent on this boot died between apply and reset: its baseline is the one to restore."""
+        try:
+            adopted = self.host.adopt_journal()
+        except baseline.BadJournal as exc:
+            log.error("baseline journal dropped host=%s error=%s", self.name, exc)
+            return False
+        if adopted:
+            log.warning("baseline recovered host=%s: a previous agent left run settings applied; the next reset "
+                        "restores the host to the baseline it recorded", self.name)
+        return adopted
+
     def _active(self) -> bool:
         return any(not j.done() for j in self.jobs)
 

@@ -2,7 +2,7 @@
 
 One class per task kind, one small interface: `argv()/prepare` (pure or cheap) -> `run()` (the effect,
 awaited as an asyncio task) -> `artifacts()` (files it produced, with metadata). Every helper process is
-the agent's own child and is stopped by pid.
+the agent's own child, stopped by pid, and killed by the kernel if the agent dies (agents/children.py).
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agents.children import spawn
 from agents.host.argv import tc_handle
 from agents.host.capabilities import tracefs_root
 from schemas import procs, protocol
@@ -110,8 +111,7 @@ class _ProcessTask(TaskRunner):
     async def execute(self) -> None:
         out = self.run_dir / self.out_name
         with open(out, "wb") as fh:
-            proc = await asyncio.create_subprocess_exec(*self.argv(), stdout=fh,
-                                                        stderr=asyncio.subprocess.PIPE)
+            proc = await spawn(self.argv(), stdout=fh, stderr=asyncio.subprocess.PIPE)
             stopper = asyncio.ensure_future(self.stop_event.wait())
             waiter = asyncio.ensure_future(proc.wait())
             await asyncio.wait({stopper, waiter}, timeout=self.timeout_s,
@@ -196,8 +196,7 @@ class Capture(TaskRunner):
                 "-B", str(s.buffer_kib), "-w", str(self.run_dir / self.out_name)]
 
     async def execute(self) -> None:
-        proc = await asyncio.create_subprocess_exec(*self.argv(), stdout=asyncio.subprocess.DEVNULL,
-                                                    stderr=asyncio.subprocess.PIPE)
+        proc = await spawn(self.argv(), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
         assert proc.stderr is not None
         first = await asyncio.wait_for(proc.stderr.readline(), 10)  # "listening on IF ..." = capturing
         self.meta["started_ns"] = time.time_ns()
@@ -322,8 +321,7 @@ class SsSample(TaskRunner):
 
     async def _poll(self, argv: list[str]) -> tuple[int, int, bytes]:
         a = time.time_ns()
-        proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.PIPE)
+        proc = await spawn(argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         try:
             out, err = await asyncio.wait_for(proc.communicate(), self.poll_timeout_s)
         except TimeoutError:

@@ -3,16 +3,18 @@
 Only interfaces, sysctls and modules on the agent's allow-lists are touched, and a request naming anything
 else is refused whole before anything is written (no partial state). Everything apply changes is snapshotted
 first (at hello, or on first write for sysctls and module parameters outside the baseline), and reset restores
-exactly that.
+exactly that. With a journal path, that baseline is kept on disk from the first write of an apply until reset
+(agents/host/baseline.py), so an agent restarted after a crash still restores the host.
 """
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from pathlib import Path
 
-from agents.host import ethtool, neighbours
+from agents.host import baseline, ethtool, neighbours
 from agents.host.argv import ChainError, chain_argv, offload_argv, readback_argv, root_delete_argv
+from agents.host.baseline import Baseline, InterfaceSnapshot, Snapshot
 from agents.host.errors import NotAllowed, StateError
 from agents.host.readback import read_coalesce, read_features, read_neighbours, read_pause, readback
 from agents.host.tunables import (
@@ -29,23 +31,6 @@ from schemas.hoststate import HostState, InterfaceState
 from schemas.neighbours import permanent_neighbours
 from schemas.nic import OFFLOAD_LONG_NAMES
 from schemas.protocol import Readback
-
-
-@dataclass
-class InterfaceSnapshot:
-    features: dict[str, bool] = field(default_factory=dict)       # ethtool -K short name -> on
-    root_kind: str = "noqueue"
-    coalesce: dict[str, int | bool] | None = None                 # None: the driver has none
-    pause: dict[str, bool] | None = None
-    neighbours: dict[str, str] = field(default_factory=dict)      # PERMANENT entries: addr -> lladdr
-
-
-@dataclass
-class Snapshot:
-    """What the host looked like at hello; reset() returns it there."""
-    sysctls: dict[str, str] = field(default_factory=dict)
-    module_params: dict[tuple[str, str], str] = field(default_factory=dict)
-    interfaces: dict[str, InterfaceSnapshot] = field(default_factory=dict)
 
 
 def snapshot_interface(dev: str) -> InterfaceSnapshot:
@@ -85,8 +70,9 @@ class HostStateExecutor:
     """`sysctl_prefixes` and `modules` are the testbed's allow-lists (`{interface}` already expanded)."""
 
     def __init__(self, interfaces: list[str], sysctl_prefixes: list[str] | None = None,
-                 modules: list[str] | None = None):
+                 modules: list[str] | None = None, journal: Path | None = None):
         self.interfaces = list(interfaces)
+        self.journal = journal
         self.sysctl_prefixes = list(sysctl_prefixes if sysctl_prefixes is not None else
                                     allowlist.expand_prefixes(allowlist.DEFAULT_SYSCTL_PREFIXES, interfaces))
         self.modules = list(modules if modules is not None else allowlist.DEFAULT_MODULES)
@@ -96,6 +82,28 @@ class HostStateExecutor:
 
     def snapshot_now(self, sysctl_names: list[str]) -> None:
         self.snapshot = take_snapshot(self.interfaces, sysctl_names)
+
+    def adopt_journal(self) -> bool:
+        """Take over the baseline a previous agent left on this boot (it died between apply and reset): the
+        next reset restores the host to it. False when there is none (or it was stale or unreadable)."""
+        if self.journal is None:
+            return False
+        try:
+            found = baseline.load(self.journal, baseline.current_boot_id())
+        except baseline.BadJournal:
+            baseline.clear(self.journal)   # untrusted: the hello snapshot is all there is
+            raise
+        if found is None:
+            return False
+        self.snapshot = found.snapshot
+        self.touched_sysctls, self.touched_params = set(found.touched_sysctls), set(found.touched_params)
+        return True
+
+    def _persist(self) -> None:
+        """Write the baseline (and what apply has touched) before the write that needs it restored."""
+        if self.journal is not None:
+            baseline.save(self.journal, Baseline(baseline.current_boot_id(), self.snapshot,
+                                                 self.touched_sysctls, self.touched_params))
 
     def check_allowed(self, state: HostState) -> None:
         """Refuse (NotAllowed) what the allow-lists do not cover, then (StateError) sysctls this kernel lacks and
@@ -128,11 +136,14 @@ class HostStateExecutor:
             raise StateError(str(exc)) from exc
 
     def _apply(self, state: HostState) -> Readback:
-        for name, value in state.sysctls.items():
+        # every value a write below may change is in the baseline, on disk, before that write
+        for name in state.sysctls:
             if name not in self.snapshot.sysctls and sysctl_path(name).exists():
                 self.snapshot.sysctls[name] = read_sysctl(name)
-            write_sysctl(name, value)
             self.touched_sysctls.add(name)
+        self._persist()
+        for name, value in state.sysctls.items():
+            write_sysctl(name, value)
         self._apply_module_params(state.module_params)
         if state.flush_tcp_metrics:
             procs.run(["ip", "tcp_metrics", "flush", "all"], check=False)
@@ -146,10 +157,13 @@ class HostStateExecutor:
             ensure_module(module)
             for param, value in values.items():
                 key = (module, param)
+                known = key in self.snapshot.module_params and key in self.touched_params
                 if key not in self.snapshot.module_params and module_param_path(module, param).exists():
                     self.snapshot.module_params[key] = read_module_param(module, param)
-                write_module_param(module, param, value)   # names the module and parameter if missing
                 self.touched_params.add(key)
+                if not known:
+                    self._persist()
+                write_module_param(module, param, value)   # names the module and parameter if missing
 
     def _apply_interface(self, dev: str, ifstate: InterfaceState) -> None:
         self._apply_offloads(dev, ifstate.offloads)
@@ -237,6 +251,8 @@ class HostStateExecutor:
         after.module_params = {k: read_module_param(*k) for k in self.snapshot.module_params}
         self.touched_sysctls.clear()
         self.touched_params.clear()
+        if self.journal is not None:
+            baseline.clear(self.journal)   # what could be restored was; differences go to the manager (G-RESET)
         return snapshot_differences(self.snapshot, after)
 
     def _reset_interface(self, dev: str, snap: InterfaceSnapshot) -> None:

@@ -76,7 +76,10 @@ def main(state_dir: str) -> int:
     children = start_processes(inv.get("processes", []))
     agents = {role: agent_argv(role, host, inv["token_file"], inv["prefix"])
               for role, host in inv["hosts"].items() if host.get("namespace")}
-    children.update({role: subprocess.Popen(argv, stdin=subprocess.DEVNULL) for role, argv in agents.items()})
+    # the namespaces are new: a reset baseline an earlier lab's crashed agent left describes hosts that are gone
+    # (--new-host drops it); an agent restarted below, on these namespaces, adopts its predecessor's
+    children.update({role: subprocess.Popen([*argv, "--new-host"], stdin=subprocess.DEVNULL)
+                     for role, argv in agents.items()})
     agents_file = Path(state_dir) / "agents.json"
     agents_file.write_text(json.dumps({r: p.pid for r, p in children.items()}))
     restarts: dict[str, list[float]] = {role: [] for role in agents}

@@ -3,6 +3,7 @@ silenced (agent stopped), its artifacts filesystem full. Each run must be record
 the host, the other hosts reset, and no completed run lost."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -33,15 +34,34 @@ def assert_others_reset(fault_lab, run_id: str, faulty: str) -> None:
                                          for r, d in sorted(reset.items())))
 
 
+def offloads(namespace: str) -> dict[str, str]:
+    """`ethtool -k` of every interface in a lab namespace except lo: the state the plan turns off."""
+    links = json.loads(subprocess.run(["ip", "-n", namespace, "-j", "link", "show"], capture_output=True,
+                                      text=True, check=True).stdout)
+    state = {}
+    for dev in (link["ifname"] for link in links if link["ifname"] != "lo"):
+        out = subprocess.run(["ip", "netns", "exec", namespace, "ethtool", "-k", dev], capture_output=True,
+                             text=True, check=True).stdout
+        state |= {f"{dev} {k.strip()}": v.split()[0] for k, _, v in (line.partition(":") for line in out.splitlines())
+                  if k.strip() in ("tcp-segmentation-offload", "generic-segmentation-offload",
+                                   "generic-receive-offload", "scatter-gather")}
+    return state
+
+
 def test_agent_killed_mid_run_fails_the_run_and_the_restarted_agent_runs_the_next(fault_lab, tmp_path, ledger):
     began = time.monotonic()
     plan = short_plan(tmp_path, "fault-agent-kill", duration="3s", repetitions=2)
     killed_run, next_run = run_ids(plan)
     before = fault_lab.complete_runs()
     victim = fault_lab.agent_pid("client")
+    clean = offloads(fault_lab.namespace("client"))
+    assert "on" in clean.values(), clean   # the plan turns them off: a reset must turn them back on
     job = Background(lambda: fault_lab.run(plan))
     wait_for("the flows to run", lambda: flows_running(fault_lab), 30)
     os.kill(victim, signal.SIGKILL)
+    # the killed agent's iperf3 server dies with it (PR_SET_PDEATHSIG), not at `lab down`
+    wait_for("the dead agent's iperf3 to die with it", lambda: not ns_pids(fault_lab.namespace("client"), "iperf3"),
+             5)
     rc, out = job.join(120)
     print(out)
     row = fault_lab.run_row(killed_run)
@@ -57,11 +77,15 @@ def test_agent_killed_mid_run_fails_the_run_and_the_restarted_agent_runs_the_nex
     rc, out = fault_lab.run(plan)
     print(out)
     assert rc == 0 and fault_lab.run_row(killed_run).status == "complete", out
+    # the restarted agent adopted the dead one's reset baseline: the host is back as it was before the plan,
+    # not frozen with the killed run's offloads as a new "clean"
+    assert offloads(fault_lab.namespace("client")) == clean
     after = fault_lab.complete_runs()
     lost = sum(1 for r, fin in before.items() if after.get(r) != fin)
     took = time.monotonic() - began
     ledger.fault("agent killed mid-run", survived=lost == 0, runs_lost=lost,
-                 detail=f"run failed naming the host, agent restarted, next run and rerun complete; test {took:.0f} s")
+                 detail=f"run failed naming the host, children died with the agent, agent restarted with its baseline, "
+                        f"next run and rerun complete, host restored; test {took:.0f} s")
     print(f"agent kill: {took:.1f} s, runs lost {lost}")
     assert lost == 0
 

@@ -17,7 +17,7 @@ import pytest
 from websockets.asyncio.client import connect, unix_connect
 from websockets.exceptions import ConnectionClosed
 
-from orchestrator.agent_client import AgentClient, AgentError
+from orchestrator.agent_client import AgentClient, AgentError, AgentUnreachable
 from schemas import handshake, protocol
 from tests.support import agent_process
 from tests.support.flood import idle_tcp, idle_websockets
@@ -270,7 +270,7 @@ def test_a_manager_killed_mid_collect_can_be_replaced_and_reset_the_host(netns_a
                                                        netns_agent.tmp / "sink"))
         await asyncio.sleep(0.3)
         first.ws.transport.abort()                        # killed: no bye, no close frame
-        with pytest.raises(ConnectionClosed):
+        with pytest.raises(AgentUnreachable, match="control connection lost"):
             await collecting
         second = AgentClient("sv", netns_agent.url, netns_agent.token)
         await second.connect("manager-b")

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from agents.host import ethtool, neighbours
-from agents.host.executor import InterfaceSnapshot, Snapshot, snapshot_differences
+from agents.host.baseline import InterfaceSnapshot, Snapshot
+from agents.host.executor import snapshot_differences
 from orchestrator.engine import verify
 from orchestrator.engine.bind import BindError, host_states, peer_neighbours
 from orchestrator.inventory import Inventory
