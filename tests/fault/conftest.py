@@ -20,7 +20,7 @@ from sqlalchemy import Engine, text
 
 from orchestrator.lab import netns
 from orchestrator.storage.db import open_db
-from tests.lab.conftest import lab_unavailable, run_plan_quietly
+from tests.lab.conftest import lab_unavailable, one_flow_plan, run_plan_quietly
 
 FAULT_PREFIX = os.environ.get("TCPLAB_FAULT_PREFIX", "tcplabft")
 FAULT_TESTS = Path(__file__).resolve().parent
@@ -89,25 +89,8 @@ def short_plan(tmp_path: Path, name: str, duration: str = "3s", repetitions: int
     runs of `duration`; with `captures`, tcpdump on both aqm interfaces (like quickstart)."""
     caps = ("  captures:\n    - {host: aqm, toward: client}\n    - {host: aqm, toward: server}\n" if captures else "")
     path = tmp_path / f"{name}.yaml"
-    path.write_text(f"""version: 1
-name: {name}
-description: fault suite, {name}
-roles: [client, aqm, server]
-tags: [smoke, fault]
-repetitions: {repetitions}
-seed: 1
-run:
-  duration: {duration}
-  mtu: 1500
-  bottleneck:
-    at: {{host: aqm, toward: client}}
-    rate: 20mbit
-    queue: {{kind: pfifo, limit: 30}}
-  traffic: {{tool: iperf3, src: server, dst: client, cc: cubic, flows: 1, base_port: 5201}}
-  hosts:
-    all:
-      offloads: {{tso: off, gso: off, gro: off, sg: off}}
-{caps}""")
+    path.write_text(one_flow_plan(name, f"fault suite, {name}", duration=duration, run_extra=caps,
+                                  repetitions=repetitions, tags="smoke, fault"))
     return path
 
 

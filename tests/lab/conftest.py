@@ -152,7 +152,8 @@ def run_lab_plan_unloaded(plan: Path, state_dir: Path, tmp_path: Path, attempts:
     pytest.skip(f"G-CPULOAD flagged the lab machine in all {attempts} attempts: {'; '.join(loaded)}")
 
 
-def one_flow_plan(name: str, description: str, duration: str = "2s", hosts: str = "", run_extra: str = "") -> str:
+def one_flow_plan(name: str, description: str, duration: str = "2s", hosts: str = "", run_extra: str = "",
+                  repetitions: int = 1, tags: str = "smoke") -> str:
     """A one-cell netns plan: one CUBIC flow server -> client through htb 20 Mbit/s + pfifo 30 on the aqm,
     offloads off. `hosts` adds YAML under run.hosts (4-space indent), `run_extra` under run (2-space)."""
     return f"""
@@ -160,8 +161,8 @@ version: 1
 name: {name}
 description: {description}
 roles: [client, aqm, server]
-tags: [smoke]
-repetitions: 1
+tags: [{tags}]
+repetitions: {repetitions}
 seed: 1
 run:
   duration: {duration}

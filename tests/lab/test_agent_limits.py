@@ -27,25 +27,15 @@ CAP = 64   # agents.admission.PreAuthLimits.max_connections
 
 @pytest.fixture
 def agent(tmp_path):
-    if reason := agent_process.unavailable():
-        pytest.skip(reason)
-    proc = agent_process.start_agent(tmp_path)
-    try:
+    with agent_process.running_agent(tmp_path) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture
 def netns_agent(tmp_path):
     """An agent in a network namespace of its own (apply/reset touch only its sysctls), on a UNIX socket."""
-    if reason := agent_process.unavailable():
-        pytest.skip(reason)
-    proc = agent_process.start_agent(tmp_path, own_netns=True)
-    try:
+    with agent_process.running_agent(tmp_path, own_netns=True) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 async def clock_rtts_ms(client: AgentClient, samples: int, pause_s: float = 0.0) -> list[float]:

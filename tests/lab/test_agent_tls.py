@@ -27,26 +27,16 @@ def certs(tmp_path) -> testca.CertSet:
 
 @pytest.fixture
 def tls_agent(tmp_path, certs):
-    if reason := agent_process.unavailable():
-        pytest.skip(reason)
-    proc = agent_process.start_agent(tmp_path, tls_args=[
-        "--tls-cert", str(certs.agent_cert), "--tls-key", str(certs.agent_key),
-        "--tls-client-ca", str(certs.ca)])
-    try:
+    tls_args = ["--tls-cert", str(certs.agent_cert), "--tls-key", str(certs.agent_key), "--tls-client-ca",
+                str(certs.ca)]
+    with agent_process.running_agent(tmp_path, tls_args=tls_args) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture
 def plain_agent(tmp_path):
-    if reason := agent_process.unavailable():
-        pytest.skip(reason)
-    proc = agent_process.start_agent(tmp_path)
-    try:
+    with agent_process.running_agent(tmp_path) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 def manager_tls(certs: testca.CertSet, agent: agent_process.AgentProcess, client_cert: bool = True) -> ssl.SSLContext:

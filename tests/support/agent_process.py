@@ -5,6 +5,7 @@ must not happen on the test machine itself. `own_netns=True` also gives it a net
 the sysctls an `apply`/`reset` touches are not the machine's (it then listens on a UNIX socket)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -13,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,3 +90,18 @@ def start_agent(tmp: Path, own_netns: bool = False, tls_args: list[str] | None =
             raise RuntimeError(f"agent did not start (rc {proc.returncode}):\n{agent.log_text()[-3000:]}")
         time.sleep(0.1)
     return agent
+
+
+@contextlib.contextmanager
+def running_agent(tmp: Path, **options) -> Iterator[AgentProcess]:
+    """A started agent for one test (pytest skips with the reason when agents cannot run here), stopped by pid
+    afterwards whatever the test did. `options` go to start_agent."""
+    import pytest
+
+    if reason := unavailable():
+        pytest.skip(reason)
+    proc = start_agent(tmp, **options)
+    try:
+        yield proc
+    finally:
+        proc.stop()

@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.plan import PlanError, expand, load_plan_text
+from tests.support.docpaths import key_paths
 
 ROOT = Path(__file__).resolve().parents[2]
 HANG_S = 2.0     # a case slower than this is a hang
@@ -91,17 +92,6 @@ def _token(value: Any) -> str:
     return json.dumps(value, ensure_ascii=True, allow_nan=True).replace("NaN", ".nan").replace("Infinity", ".inf")
 
 
-def _paths(doc: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix]
-    if isinstance(doc, dict):
-        for k, v in doc.items():
-            out += _paths(v, prefix + (k,))
-    elif isinstance(doc, list):
-        for i, v in enumerate(doc):
-            out += _paths(v, prefix + (i,))
-    return out
-
-
 def _parent(doc: Any, path: tuple[Any, ...]) -> Any:
     """The container holding `path`, or None when an earlier mutation removed or replaced it."""
     for seg in path[:-1]:
@@ -114,7 +104,7 @@ def _parent(doc: Any, path: tuple[Any, ...]) -> Any:
     return doc if holds else None
 
 
-BASE_PATHS = [[p for p in _paths(doc) if p] for doc in BASES]   # computed once: a case reuses its base's
+BASE_PATHS = [[p for p in key_paths(doc) if p] for doc in BASES]   # computed once: a case reuses its base's
 
 
 @st.composite

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.plan import PlanError, expand, load_plan_text
+from tests.support.docpaths import key_paths
 
 ROOT = Path(__file__).resolve().parents[2]
 BASES = [yaml.safe_load(p.read_text()) for p in
@@ -38,22 +39,11 @@ def _check(text: str) -> None:
     expand(plan)   # a plan that loads must expand
 
 
-def _paths(doc: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix]
-    if isinstance(doc, dict):
-        for k, v in doc.items():
-            out += _paths(v, prefix + (k,))
-    elif isinstance(doc, list):
-        for i, v in enumerate(doc):
-            out += _paths(v, prefix + (i,))
-    return out
-
-
 @st.composite
 def mutated_plans(draw: st.DrawFn) -> Any:
     doc = copy.deepcopy(draw(st.sampled_from(BASES)))
     for _ in range(draw(st.integers(1, 3))):
-        paths = [p for p in _paths(doc) if p]
+        paths = [p for p in key_paths(doc) if p]
         if not paths:
             break
         path = draw(st.sampled_from(paths))
