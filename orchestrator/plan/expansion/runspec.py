@@ -163,6 +163,14 @@ class Derived(_Strict):
         return out
 
 
+class TopologySpec(_Strict):
+    """The testbed the run needs: the plan's `topology:` or the default its roles give (model/topology.py)."""
+
+    hosts: list[str] = Field(description="roles, one agent each")
+    switches: list[str] = Field(default_factory=list, description="L2 switches (no agent, no address)")
+    links: list[tuple[str, str]] = Field(description="pairs of nodes; one subnet per link or per switch")
+
+
 class RunSpec(_Strict):
     run_id: str = Field(pattern=RUN_ID_PATTERN)
     plan_name: str
@@ -175,6 +183,8 @@ class RunSpec(_Strict):
     derived: Derived = Field(default_factory=Derived, description="values computed at expansion")
     duration_s: float = Field(gt=0)
     hosts: dict[str, HostSpec]
+    topology: TopologySpec | None = Field(default=None, description="set by the expansion (None only in "
+                                          "specs stored before plans had topologies)")
     flows: list[FlowSpec]
     captures: list[CapturePoint]
     qdisc_stats: list[LinkRef] = Field(default_factory=list)
