@@ -21,8 +21,8 @@ def cmd_lab(args: argparse.Namespace) -> int:
     from orchestrator.lab.vm_config import parse_vm_roles, plan_kernel_package
     from orchestrator.plan import PlanError
 
-    if (args.kernel or args.vm_roles or args.plan) and args.kind != "vm":
-        console.print("[red]--kernel, --vm-roles and --plan need --kind vm[/red]")
+    if (args.kernel or args.vm_roles) and args.kind != "vm":
+        console.print("[red]--kernel and --vm-roles need --kind vm[/red]")
         return 2
     if args.command and args.action != "exec":
         console.print(f"[red]unexpected arguments for lab {args.action}: {' '.join(args.command)}[/red]")
@@ -36,6 +36,9 @@ def cmd_lab(args: argparse.Namespace) -> int:
                 from orchestrator.plan import expand, load_plan
 
                 plan = load_plan(args.plan)
+                if plan.roles != list(netns_topology().roles) or plan.topology is not None:
+                    raise netns.LabError(f"{args.plan} needs hosts {', '.join(plan.roles)}; the VM lab builds only "
+                                         "client <-> aqm <-> server (use --kind netns for other topologies)")
                 wanted = plan_kernel_package(plan.kernels, expand(plan), roles)
                 if kernel and wanted and kernel != wanted:
                     raise netns.LabError(f"--kernel {kernel}, but {args.plan} asks for {wanted}")
@@ -46,7 +49,14 @@ def cmd_lab(args: argparse.Namespace) -> int:
                           f"{v['package']} ({v['release']}, {v['accel']}, {v['share']}), agents ready "
                           f"{v.get('boot_s', '?')} s after start; inventory {netns.inventory_path()}")
         elif args.action == "up":
-            inv = netns.up()
+            from orchestrator.plan import load_plan
+            from orchestrator.plan.model.topology import plan_graph
+
+            graph = None
+            if args.plan:
+                plan = load_plan(args.plan)
+                graph = plan_graph(plan.roles, plan.topology)
+            inv = netns.up(graph=graph)
             console.print(f"lab up: {', '.join(inv['hosts'])}; inventory {netns.inventory_path()}")
         elif args.action == "exec":
             return _lab_exec(kind, args.command)
@@ -220,7 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--kernel", metavar="PACKAGE", default=None,
                      help="vm: Debian kernel package of the guests (default: newest linux-image-6.1.0-*-amd64)")
     lab.add_argument("--plan", metavar="FILE", type=Path, default=None,
-                     help="vm: boot the Debian kernel package the plan's kernel variants name for the guests")
+                     help="netns: build the plan's topology (its hosts and links); vm: boot the Debian kernel "
+                     "package the plan's kernel variants name for the guests (the VM lab builds only "
+                     "client <-> aqm <-> server)")
     lab.add_argument("--vm-roles", metavar="ROLES", default=None,
                      help="vm: which hosts are guests: aqm (default; the endpoints are namespaces), "
                           "e.g. aqm,server, or all (the senders then run the guest kernel: dctcp, ...)")

@@ -11,6 +11,7 @@ from rich.console import Console
 from orchestrator.agent_client import AgentError
 from orchestrator.engine.recovery import AnotherManager, recover
 from orchestrator.engine.runner import DB_ERRORS, PENDING, PreflightRefused, RunEngine
+from orchestrator.engine.topology_match import topology_mismatch
 from orchestrator.inventory import load_inventory
 from orchestrator.lab.netns import inventory_path
 from orchestrator.plan import PlanError, expand, load_plan, plan_sha256
@@ -31,6 +32,10 @@ async def run_plan(plan_path: Path, db_url: str | None, inventory: Path | None, 
                 "path": str(plan_path), "text": plan_path.read_text(),
                 "created_at": dt.datetime.now(dt.UTC)}
     inv = load_inventory(inventory or inventory_path())
+    mismatch = topology_mismatch(specs[0].topology if specs else None, inv, plan_path)
+    if mismatch:
+        console.print(f"cannot start: {mismatch}", style="red", markup=False)
+        return 3
     try:
         db = open_db(db_url)   # connects and migrates: an unreachable database shows here, before any host
     except DB_ERRORS as exc:
