@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
+from analysis.summary import run_table
 from orchestrator.inventory import load_inventory
 from orchestrator.lab import netns
 from orchestrator.plan import load_plan
@@ -43,6 +44,33 @@ run:
     stagger: 1s
     base_port: 5201
     per_flow: {1: {src: sender_b}}
+  hosts:
+    all:
+      offloads: {tso: off, gso: off, gro: off, sg: off}
+"""
+
+
+SWITCHED = """
+version: 1
+name: switched
+description: the default topology of these roles puts both receivers behind one switch port of the aqm
+roles: [sender_a, sender_b, aqm, receiver_a, receiver_b]
+tags: [smoke]
+seed: 1
+run:
+  duration: 3s
+  bottleneck:
+    at: {host: aqm, toward: receiver_a}
+    rate: 20mbit
+    queue: {kind: pfifo, limit: 30}
+  traffic:
+    src: sender_a
+    dst: receiver_a
+    cc: cubic
+    flows: 2
+    base_port: 5201
+    per_flow: {1: {src: sender_b, dst: receiver_b}}
+  qdisc_stats: {links: [{host: aqm, toward: receiver_b}]}
   hosts:
     all:
       offloads: {tso: off, gso: off, gro: off, sg: off}
@@ -110,3 +138,20 @@ def test_a_run_on_a_lab_of_another_topology_says_how_to_fix_it(plan_lab, tmp_pat
     assert rc == 3
     assert (f"the testbed has hosts client, aqm, server; the plan needs sender_a, sender_b, aqm, receiver: run "
             f"`tcplab lab up --plan {plan_file}`") in " ".join(out.split())
+
+
+def test_flows_to_both_receivers_behind_the_switch_share_the_one_bottleneck(plan_lab, tmp_path):
+    prefix, state_dir = plan_lab
+    plan_file = tmp_path / "switched.yaml"
+    plan_file.write_text(SWITCHED)
+    plan = load_plan(plan_file)
+    netns.up(state_dir, prefix, graph=plan_graph(plan.roles, plan.topology), timeout_s=60)
+    db = run_lab_plan(plan_file, state_dir, tmp_path)
+    with db.connect() as conn:
+        flows = conn.execute(text("SELECT src_host, dst_host, src_port FROM flow ORDER BY flow_id")).all()
+    assert [(f.src_host, f.dst_host) for f in flows] == [("sender_a", "receiver_a"), ("sender_b", "receiver_b")]
+    assert all(f.src_port for f in flows)
+    (row,) = run_table(db)
+    # a machine under load only lowers goodput; a flow that bypassed the 20 Mbit/s htb would add hundreds
+    assert 0 < row.goodput_bps <= 1.05 * 20e6, row.goodput_bps
+    assert all(g > 0 for g in row.flow_goodput_bps), row.flow_goodput_bps
