@@ -113,10 +113,10 @@ def test_a_disconnected_topology_and_a_bad_switch_are_refused():
     assert issues("topology: {links: [[sender_a, aqm], [sender_b, receiver]]}") == [
         "p.yaml:4:11: topology: the topology is not connected: sender_a, aqm; sender_b, receiver cannot reach "
         "each other"]
-    assert issues("topology: {links: [[sender_a, aqm], [sender_b, aqm], [aqm, aqm], [aqm, receiver]],"
-                  " switches: [aqm]}") == [
-        "p.yaml:4:54: topology.links[2]: a link joins two different nodes, not 'aqm' to itself",
-        "p.yaml:4:95: topology.switches[0]: 'aqm' is a role: a switch is a node with no agent"]
+    assert issues("topology: {links: [[sender_a, aqm], [sender_b, aqm], [aqm, aqm], [aqm, receiver]]}") == [
+        "p.yaml:4:54: topology.links[2]: a link joins two different nodes, not 'aqm' to itself"]
+    assert issues("topology: {links: [[sender_a, aqm], [sender_b, aqm], [aqm, receiver]], switches: [aqm]}") == [
+        "p.yaml:4:83: topology.switches[0]: 'aqm' is a role: a switch is a node with no agent"]
 
 
 def test_toward_a_host_that_is_not_a_neighbour_is_located():

@@ -45,7 +45,11 @@ def graph_problems(plan: Plan) -> list[Problem]:
     out: list[Problem] = []
     for k, sw in enumerate(g.switches):
         if sw in g.hosts:
-            out.append(Problem(("topology", "switches", k), f"{sw!r} is a role: a switch is a node with no agent"))
+            out.append(Problem(("topology", "switches", k) if stated else _where(plan),
+                               f"{sw!r} is a role: a switch is a node with no agent"
+                               + ("" if stated else " (the default topology names its switch so; state `topology:`)")))
+    if out:
+        return out       # the links of a node that is both would only repeat the problem
     out += _link_problems_of_graph(g, stated)
     for node in list(g.hosts) + list(g.switches):
         if len(node) > MAX_NODE_NAME and g.linked(node):
