@@ -17,7 +17,7 @@ console = Console(stderr=True)
 
 def cmd_lab(args: argparse.Namespace) -> int:
     from orchestrator.lab import netns, vm, vm_image
-    from orchestrator.lab.topology import netns_topology
+    from orchestrator.lab.topology import lab_topology, netns_topology
     from orchestrator.lab.vm_config import parse_vm_roles, plan_kernel_package
     from orchestrator.plan import PlanError
 
@@ -30,20 +30,20 @@ def cmd_lab(args: argparse.Namespace) -> int:
     kind = args.kind if args.action == "up" else vm.lab_kind()
     try:
         if args.action == "up" and kind == "vm":
-            roles = parse_vm_roles(args.vm_roles or "aqm", netns_topology(netns.LAB_PREFIX))
-            kernel = args.kernel
-            if args.plan:
-                from orchestrator.plan import expand, load_plan
+            from orchestrator.plan import expand, load_plan
+            from orchestrator.plan.model.topology import plan_graph
 
-                plan = load_plan(args.plan)
-                if plan.roles != list(netns_topology().roles) or plan.topology is not None:
-                    raise netns.LabError(f"{args.plan} needs hosts {', '.join(plan.roles)}; the VM lab builds only "
-                                         "client <-> aqm <-> server (use --kind netns for other topologies)")
+            plan = load_plan(args.plan) if args.plan else None
+            graph = plan_graph(plan.roles, plan.topology) if plan else None
+            topo = lab_topology(graph, netns.LAB_PREFIX) if graph else netns_topology(netns.LAB_PREFIX)
+            roles = parse_vm_roles(args.vm_roles or "aqm", topo)
+            kernel = args.kernel
+            if plan:
                 wanted = plan_kernel_package(plan.kernels, expand(plan), roles)
                 if kernel and wanted and kernel != wanted:
                     raise netns.LabError(f"--kernel {kernel}, but {args.plan} asks for {wanted}")
                 kernel = kernel or wanted
-            inv = vm.up(kernel=kernel, vm_roles=roles)
+            inv = vm.up(kernel=kernel, vm_roles=roles, graph=graph)
             v = inv["vm"]
             console.print(f"lab up (vm): {', '.join(inv['hosts'])}; guests {', '.join(v['roles'])} run "
                           f"{v['package']} ({v['release']}, {v['accel']}, {v['share']}), agents ready "
@@ -230,9 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--kernel", metavar="PACKAGE", default=None,
                      help="vm: Debian kernel package of the guests (default: newest linux-image-6.1.0-*-amd64)")
     lab.add_argument("--plan", metavar="FILE", type=Path, default=None,
-                     help="netns: build the plan's topology (its hosts and links); vm: boot the Debian kernel "
-                     "package the plan's kernel variants name for the guests (the VM lab builds only "
-                     "client <-> aqm <-> server)")
+                     help="build the plan's topology (its hosts and links); vm: also boot the Debian kernel "
+                     "package the plan's kernel variants name for the guests (no switches yet)")
     lab.add_argument("--vm-roles", metavar="ROLES", default=None,
                      help="vm: which hosts are guests: aqm (default; the endpoints are namespaces), "
                           "e.g. aqm,server, or all (the senders then run the guest kernel: dctcp, ...)")

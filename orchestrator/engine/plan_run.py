@@ -32,7 +32,7 @@ async def run_plan(plan_path: Path, db_url: str | None, inventory: Path | None, 
                 "path": str(plan_path), "text": plan_path.read_text(),
                 "created_at": dt.datetime.now(dt.UTC)}
     inv = load_inventory(inventory or inventory_path())
-    mismatch = topology_mismatch(specs[0].topology if specs else None, inv, plan_path)
+    mismatch = topology_mismatch(specs[0].testbed if specs else None, inv, plan_path)
     if mismatch:
         console.print(f"cannot start: {mismatch}", style="red", markup=False)
         return 3

@@ -131,7 +131,8 @@ def test_a_stated_topology_enters_the_run_id_and_the_default_does_not():
     default = expand(load_plan_text(PLAN.format(topology="", toward="receiver")))
     same = expand(load_plan_text(PLAN.format(
         topology="topology: {links: [[sender_a, aqm], [sender_b, aqm], [aqm, receiver]]}", toward="receiver")))
-    assert default[0].topology == same[0].topology == TopologySpec(
+    assert default[0].topology is None and "topology" not in default[0].model_dump(mode="json")
+    assert default[0].testbed == same[0].topology == same[0].testbed == TopologySpec(
         hosts=["sender_a", "sender_b", "aqm", "receiver"],
         links=[("sender_a", "aqm"), ("sender_b", "aqm"), ("aqm", "receiver")])
     assert default[0].run_id != same[0].run_id

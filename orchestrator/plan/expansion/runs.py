@@ -74,7 +74,10 @@ def run_seed(plan: Plan, key: str, repetition: int) -> int:
     return int.from_bytes(hashlib.sha256(text).digest()[:6], "big")
 
 
-def topology_spec(plan: Plan) -> TopologySpec:
+def topology_spec(plan: Plan) -> TopologySpec | None:
+    """A stated topology as the run's; None for the default (RunSpec.testbed derives it from the roles)."""
+    if plan.topology is None:
+        return None
     g = plan_graph(plan.roles, plan.topology)
     return TopologySpec(hosts=list(g.hosts), switches=list(g.switches), links=list(g.links))
 
