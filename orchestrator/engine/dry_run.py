@@ -26,10 +26,18 @@ from schemas import protocol
 MAX_PARAMS_SHOWN = 4    # the table stays readable; `tcplab plan table` shows every value
 
 
+def _value(v: object) -> str:
+    """A param value as short as it reads: a queue `{kind: pfifo, limit: 100}` as `pfifo(limit=100)`."""
+    if isinstance(v, dict):
+        rest = ",".join(f"{k}={x}" for k, x in v.items() if k != "kind")
+        return f"{v.get('kind', '')}({rest})" if "kind" in v else "{" + rest + "}"
+    return str(v)
+
+
 def cell_label(spec: RunSpec) -> str:
     """The values that define the run's cell, arm first, as `name=value`."""
     items = [(k, v) for k, v in spec.params.items() if k != "arm"]
-    shown = [f"{k}={v}" for k, v in items[:MAX_PARAMS_SHOWN]]
+    shown = [f"{k}={_value(v)}" for k, v in items[:MAX_PARAMS_SHOWN]]
     if len(items) > MAX_PARAMS_SHOWN:
         shown.append(f"(+{len(items) - MAX_PARAMS_SHOWN})")
     return " ".join(([f"arm={arm_of(spec)}"] if arm_of(spec) else []) + shown) or "-"

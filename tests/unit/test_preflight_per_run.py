@@ -8,7 +8,7 @@ import io
 from rich.console import Console
 
 from orchestrator.engine import capcache
-from orchestrator.engine.dry_run import count_line, verdict_table
+from orchestrator.engine.dry_run import cell_label, count_line, verdict_table
 from orchestrator.engine.plan_run import exit_code, summary_line
 from orchestrator.engine.preflight import REFUSED, Refused, Runnable, check_run, check_runs, refused_row
 from orchestrator.engine.runner import PENDING, RunOutcome
@@ -122,6 +122,8 @@ def test_the_dry_run_table_shows_every_run_and_its_verdict():
     text = out.getvalue()
     assert "mixed-fifo-" in text and "runnable" in text and "refused: host aqm (kernel 6.18.1) lacks qdisc" in text
     assert count_line(verdicts) == "3 runs: 1 runnable, 2 refused"
+    assert [cell_label(v.spec) for v in verdicts] == [
+        "queue=pfifo(limit=100) cc=reno", "queue=fq_codel() cc=reno", "queue=pfifo(limit=100) cc=dctcp"]
 
 
 def outcome(status: str) -> RunOutcome:
