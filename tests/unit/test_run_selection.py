@@ -91,3 +91,22 @@ def test_unknown_filter_values_are_named_not_silently_empty(specs):
         "--arm c: the plan has no such arm (it has: a, b)",
         "--kernel k: the plan has no such kernel (it has: new, old)",
         "--rep 2: the plan's repetitions are 0..1"]
+
+
+def test_the_cli_passes_the_filters_and_dry_run_to_run_plan(monkeypatch, tmp_path):
+    """`tcplab run` wiring: every option reaches run_plan as a RunFilter (no lab, run_plan replaced)."""
+    from orchestrator import cli
+    from orchestrator.engine import plan_run
+
+    seen = {}
+
+    async def fake_run_plan(plan, **kw):
+        seen.update(kw, plan=plan)
+        return 3
+
+    monkeypatch.setattr(plan_run, "run_plan", fake_run_plan)
+    args = cli.build_parser().parse_args(["run", str(tmp_path / "p.yaml"), "--dry-run", "--experiment", "main",
+                                          "--arm", "a", "--rep", "1", "--kernel", "old", "--limit", "2"])
+    assert args.func(args) == 3
+    assert seen["filters"] == RunFilter(experiment="main", arm="a", repetition=1, kernel="old", limit=2)
+    assert (seen["dry"], seen["refresh"], seen["force"]) == (True, False, False)
