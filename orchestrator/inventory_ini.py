@@ -15,7 +15,7 @@ role, on which interfaces). The format, documented in docs/inventory.md:
 Everything Ansible merges (host line, group vars, `[all:vars]`, host_vars/) counts. The mapping from
 merged host vars to an `Inventory` is pure (`inventory_from_hosts`); only `load_ini_inventory` touches
 files and Ansible. The labs' own bookkeeping (supervisor pid, processes, VM details) stays in their
-inventory.json: the INI holds what the manager reads, so `testbed_view()` is what a round trip preserves.
+inventory.json: the INI holds what the manager reads, so `without_lab_bookkeeping()` is what a round trip preserves.
 """
 from __future__ import annotations
 
@@ -172,7 +172,7 @@ def _names(host: IniHost, var: str, value: Any) -> list[str]:
     raise IniVarError(host.name, var, f"must be a list of names or a comma-separated string, not {value!r}")
 
 
-def testbed_view(inv: Inventory) -> Inventory:
+def without_lab_bookkeeping(inv: Inventory) -> Inventory:
     """What an INI inventory carries: the inventory without the labs' bookkeeping."""
     return inv.model_copy(update={"prefix": None, "supervisor_pid": None, "processes": [], "vm": None})
 
