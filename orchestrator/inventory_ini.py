@@ -181,6 +181,9 @@ def without_lab_bookkeeping(inv: Inventory) -> Inventory:
 
 def to_ini(inv: Inventory) -> str:
     """The INI form of `inv` (without the labs' bookkeeping), loadable by Ansible and `load_ini_inventory`."""
+    clash = sorted(NOT_ROLES & set(inv.hosts))
+    if clash:
+        raise ValueError(f"role {clash[0]!r} cannot be an INI role group (reserved: {', '.join(sorted(NOT_ROLES))})")
     lines = [f"# tcplab testbed inventory ({inv.kind}); the format: docs/inventory.md", ""]
     for role, host in inv.hosts.items():
         name = host.namespace or f"{inv.prefix or 'tcplab'}-{role}"

@@ -101,6 +101,18 @@ def test_the_labs_inventory_round_trips_through_ini_and_ansible(tmp_path):
     text = to_ini(lab)
     assert "[client]\ntcplabx-client agent_url=unix:/run/tcplab/agent-client.sock data_ifaces=" in text
     assert load_inventory(_write(tmp_path, text)) == without_lab_bookkeeping(lab)
+    # the VM lab's: the aqm is a guest (no namespace, a tcp:// agent) and the VM details stay in the JSON
+    hosts = {**lab.hosts, "aqm": lab.hosts["aqm"].model_copy(update={"namespace": None,
+                                                                     "agent": "tcp://127.0.0.1:40123"})}
+    vm = lab.model_copy(update={"kind": "vm", "hosts": hosts, "vm": {"roles": ["aqm"], "boot_s": 9.1}})
+    back = load_inventory(_write(tmp_path, to_ini(vm)))
+    assert back == without_lab_bookkeeping(vm) and back.tags == ["smoke"] and back.hosts["aqm"].namespace is None
+
+
+def test_a_reserved_group_name_cannot_be_written_as_a_role():
+    lab = _lab_inventory()
+    with pytest.raises(ValueError, match="role 'manager' cannot be an INI role group"):
+        to_ini(lab.model_copy(update={"hosts": {"manager": lab.hosts["aqm"]}}))
 
 
 def test_a_literal_inventory_with_every_field_round_trips(tmp_path):
