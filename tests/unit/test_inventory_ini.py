@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -80,8 +81,10 @@ def test_the_repos_inventory_ini_maps_to_the_same_roles_and_links_as_the_netns_l
 
 def test_ansible_itself_reads_the_repos_inventory_ini():
     """The playbooks' view: ansible-inventory lists the agent hosts in their role groups."""
+    # Ansible's command-line tools refuse a non-UTF-8 locale (its loader, as the manager uses it, does not)
+    env = {**os.environ, "LC_ALL": "C.UTF-8"}
     out = subprocess.run([str(ANSIBLE_INVENTORY), "-i", str(REPO_INI), "--list"], capture_output=True,
-                         text=True, check=True).stdout
+                         text=True, check=True, env=env).stdout
     doc = json.loads(out)
     assert {g: doc[g]["hosts"] for g in ("manager", "client", "aqm", "server")} == {
         "manager": ["mgr1"], "client": ["cli1"], "aqm": ["aqm1"], "server": ["srv1"]}
