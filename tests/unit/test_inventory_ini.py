@@ -175,3 +175,14 @@ def test_a_file_ansible_cannot_parse_gives_ansibles_reason(tmp_path):
     path = _write(tmp_path, SMALL.replace("mgr ansible_host=192.0.2.10", "mgr ansible_host"))
     with pytest.raises(InventoryError, match=rf"^{path}: Ansible cannot read it.*Expected key=value"):
         load_inventory(path)
+
+
+def test_host_vars_files_next_to_the_inventory_count(tmp_path):
+    """Ansible's host_vars/ (YAML) merges like the host line: a long data_ifaces can live there."""
+    path = _write(tmp_path, SMALL.replace(" allow_module=sch_dualpi2,tcp_prague data_ifaces=", " x="))
+    (tmp_path / "host_vars").mkdir()
+    (tmp_path / "host_vars" / "a1.yml").write_text(
+        "data_ifaces:\n  client: {dev: eth2, addr: 198.51.100.254/24, peer: 198.51.100.1}\n"
+        "allow_module: [sch_fq_codel]\n")
+    aqm = load_inventory(path).hosts["aqm"]
+    assert aqm.iface_toward("client") == "eth2" and aqm.allow_module == ["sch_fq_codel"]
