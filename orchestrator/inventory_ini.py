@@ -29,14 +29,21 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from orchestrator.inventory import Inventory, InventoryError
+from orchestrator.inventory import InterfaceEntry, Inventory, InventoryError
 
 NOT_ROLES = frozenset({"all", "ungrouped", "manager"})
 HOST_VARS = ("agent_url", "data_ifaces", "allow_sysctl", "allow_module", "tcplab_namespace")
 # testbed-wide variable -> Inventory field
 TESTBED_VARS = {"tcplab_token_file": "token_file", "tcplab_kind": "kind", "tcplab_tls_ca": "tls_ca",
                 "tcplab_tls_client_cert": "tls_client_cert", "tcplab_tls_client_key": "tls_client_key"}
-IFACE_KEYS = ("dev", "addr", "peer", "mac")
+# InterfaceEntry fields that data_ifaces spells differently (the key, dev, addr/plen, peer); every other
+# field (mac, and any optional one the model gains) is written under its own name, so none is lost
+_RESHAPED = ("toward", "addr", "plen", "peer_addr")
+IFACE_EXTRA = tuple(f for f in InterfaceEntry.model_fields if f not in _RESHAPED)
+IFACE_KEYS = ("dev", "addr", "peer", *IFACE_EXTRA)
+_PEER_REQUIRED = InterfaceEntry.model_fields["peer_addr"].is_required()
+# what only a lab's inventory.json keeps: the manager does not read it
+LAB_BOOKKEEPING = ("prefix", "supervisor_pid", "processes", "vm", "topology")
 DEFAULT_KIND = "physical"
 
 
@@ -126,7 +133,7 @@ def _interfaces(host: IniHost, raw: Any) -> dict[str, dict[str, Any]]:
         unknown = sorted(set(spec) - set(IFACE_KEYS))
         if unknown:
             raise IniVarError(host.name, f"{where}.{unknown[0]}", f"unknown key (expected: {', '.join(IFACE_KEYS)})")
-        for key in ("dev", "addr", "peer"):
+        for key in ("dev", "addr", "peer") if _PEER_REQUIRED else ("dev", "addr"):
             if key not in spec:
                 raise IniVarError(host.name, f"{where}.{key}", "missing")
         addr, _, plen = str(spec["addr"]).partition("/")
@@ -135,8 +142,9 @@ def _interfaces(host: IniHost, raw: Any) -> dict[str, dict[str, Any]]:
         dev = str(spec["dev"])
         if dev in out:
             raise IniVarError(host.name, f"{where}.dev", f"{dev} already faces {out[dev]['toward']}")
-        out[dev] = {"toward": str(toward), "addr": addr, "plen": int(plen), "peer_addr": str(spec["peer"]),
-                    "mac": str(spec.get("mac", ""))}
+        out[dev] = {"toward": str(toward), "addr": addr, "plen": int(plen),
+                    **({"peer_addr": str(spec["peer"])} if "peer" in spec else {}),
+                    **{k: spec[k] for k in IFACE_EXTRA if k in spec}}
     return out
 
 
@@ -174,7 +182,9 @@ def _names(host: IniHost, var: str, value: Any) -> list[str]:
 
 def without_lab_bookkeeping(inv: Inventory) -> Inventory:
     """What an INI inventory carries: the inventory without the labs' bookkeeping."""
-    return inv.model_copy(update={"prefix": None, "supervisor_pid": None, "processes": [], "vm": None})
+    fields = Inventory.model_fields
+    return inv.model_copy(update={f: fields[f].get_default(call_default_factory=True)
+                                  for f in LAB_BOOKKEEPING if f in fields})
 
 
 # ---- Inventory -> INI text (pure) ----
@@ -187,8 +197,7 @@ def to_ini(inv: Inventory) -> str:
     lines = [f"# tcplab testbed inventory ({inv.kind}); the format: docs/inventory.md", ""]
     for role, host in inv.hosts.items():
         name = host.namespace or f"{inv.prefix or 'tcplab'}-{role}"
-        ifaces = {i.toward: {"dev": dev, "addr": f"{i.addr}/{i.plen}", "peer": i.peer_addr, **({"mac": i.mac}
-                  if i.mac else {})} for dev, i in host.interfaces.items()}
+        ifaces = {i.toward: _iface_spec(dev, i) for dev, i in host.interfaces.items()}
         hv: dict[str, Any] = {"agent_url": host.agent, "data_ifaces": ifaces}
         if host.namespace:
             hv["tcplab_namespace"] = host.namespace
@@ -203,6 +212,18 @@ def to_ini(inv: Inventory) -> str:
             # a [group:vars] value is taken as text up to the end of the line, so it needs no quoting
             lines.append(f"{var}={value}")
     return "\n".join(lines) + "\n"
+
+
+def _iface_spec(dev: str, iface: InterfaceEntry) -> dict[str, Any]:
+    """One data_ifaces entry; fields at their default are left out (an absent key reads back as the default)."""
+    spec: dict[str, Any] = {"dev": dev, "addr": f"{iface.addr}/{iface.plen}"}
+    if iface.peer_addr or _PEER_REQUIRED:
+        spec["peer"] = iface.peer_addr
+    for field in IFACE_EXTRA:
+        value = getattr(iface, field)
+        if value != InterfaceEntry.model_fields[field].get_default(call_default_factory=True):
+            spec[field] = value
+    return spec
 
 
 def _host_value(value: Any) -> str:
