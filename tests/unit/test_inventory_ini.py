@@ -70,8 +70,9 @@ def test_the_repos_inventory_ini_maps_to_the_same_roles_and_links_as_the_netns_l
     assert repo.kind == "physical" and repo.tags == [] and repo.token_file == "/etc/tcplab/token"
     assert repo.hosts["aqm"].agent == "tcp://192.0.2.12:7717"
     aqm_to_server = repo.hosts["aqm"].interfaces[repo.hosts["aqm"].iface_toward("server")]
-    assert aqm_to_server.model_dump() == {"toward": "server", "addr": "203.0.113.254", "plen": 24,
-                                          "peer_addr": "203.0.113.1", "mac": "00:00:5e:00:53:03"}
+    fields = {"toward", "addr", "plen", "peer_addr", "mac"}
+    assert aqm_to_server.model_dump(include=fields) == {"toward": "server", "addr": "203.0.113.254", "plen": 24,
+                                                        "peer_addr": "203.0.113.1", "mac": "00:00:5e:00:53:03"}
     # every link's two ends agree: each side's peer is the other's address, on one subnet
     for role, host in repo.hosts.items():
         for iface in host.interfaces.values():
