@@ -119,12 +119,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from orchestrator.engine.plan_run import run_plan
+    from orchestrator.engine.selection import RunFilter
     from orchestrator.inventory import InventoryError
 
+    filters = RunFilter(experiment=args.experiment, arm=args.arm, repetition=args.rep, kernel=args.kernel,
+                        limit=args.limit)
     try:
         return asyncio.run(run_plan(args.plan, db_url=args.db, inventory=args.inventory,
                                     results=args.results, force=args.force, console=console,
-                                    progress_factory=_progress))
+                                    progress_factory=_progress, filters=filters, dry=args.dry_run,
+                                    refresh=args.refresh))
     except InventoryError as exc:
         console.print(str(exc), markup=False, soft_wrap=True)
         return 2
@@ -244,12 +248,24 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(func=cmd_plan)
 
-    run = sub.add_parser("run", help="run every run of a plan and ingest the results")
+    run = sub.add_parser("run", help="run every run of a plan and ingest the results", epilog="exit codes: 0 every "
+                         "selected run complete, 1 a run failed, 2 plan or filter error, 3 a run refused (none "
+                         "failed), 4 an agent unreachable, 5 another manager running, 6 database unreachable")
     run.add_argument("plan", type=Path)
     run.add_argument("--db", default=None, help="database URL (default $TCPLAB_DB or results/tcplab.db)")
     run.add_argument("--inventory", type=Path, default=None, help="default: the netns lab's inventory")
     run.add_argument("--results", type=Path, default=Path("results"))
     run.add_argument("--force", action="store_true", help="rerun runs already complete in the DB")
+    run.add_argument("--dry-run", action="store_true", help="print every selected run as runnable or refused "
+                     "(with the reason) from the capabilities of the last hellos; touches no host, no database")
+    run.add_argument("--refresh", action="store_true", help="with --dry-run: ask the agents (hello only) even "
+                     "when the capability cache is fresh")
+    run.add_argument("--experiment", metavar="NAME", help="only the runs of this experiment")
+    run.add_argument("--arm", metavar="NAME", help="only the runs of this plan arm")
+    run.add_argument("--rep", type=int, metavar="N", help="only repetition N (0-based, as in the run id's -rN)")
+    run.add_argument("--kernel", metavar="NAME", help="only the runs that need this kernel variant on a host")
+    run.add_argument("--limit", type=int, metavar="N", help="at most the next N runs (in run order) of those "
+                     "selected and not complete")
     run.set_defaults(func=cmd_run)
 
     q = sub.add_parser("query", help="read-only SQL against the result database")

@@ -1,6 +1,7 @@
 """The testbed inventory the manager uses: roles -> agent endpoints and data interfaces.
 
-The netns and VM labs write it (`/run/tcplab/inventory.json`); a physical testbed provides the same shape.
+The netns and VM labs write it (`/run/tcplab/inventory.json`, and the same as Ansible INI next to it); a
+physical testbed provides the same shape, usually as Ansible's `inventory.ini` (orchestrator/inventory_ini.py).
 Every model refuses keys it does not know: a typo in a hand-written inventory (`tovard:` for `toward:`)
 must stop the run with the file, the field path and the line, not pass silently with a default.
 """
@@ -103,8 +104,13 @@ class Inventory(_Strict):
 
 
 def load_inventory(path: Path) -> Inventory:
+    """The inventory at `path`: Ansible's INI format for `.ini` (orchestrator/inventory_ini.py), else JSON."""
     if not path.exists():
         raise FileNotFoundError(f"{path}: no inventory (is the lab up? run `tcplab lab up`)")
+    if path.suffix == ".ini":
+        from orchestrator.inventory_ini import load_ini_inventory  # imports this module; Ansible loads lazily
+
+        return load_ini_inventory(path)
     text = path.read_text()
     try:
         doc = json.loads(text)

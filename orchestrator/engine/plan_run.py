@@ -1,16 +1,26 @@
-"""`tcplab run PLAN`: load + expand the plan, finish what a previous manager left unfinished (engine/recovery.py),
-refuse what the hosts cannot do, run what is not yet complete in the DB, show progress, and print the results
-table of the plan's runs."""
+"""`tcplab run PLAN`: load + expand the plan, put its runs in run order and narrow them to the filters
+(engine/selection.py), finish what a previous manager left unfinished (engine/recovery.py), judge every run
+not yet complete in the DB on its own (engine/preflight.py): record the refused ones as `refused`, run the
+others, show progress, and print a summary line and the results table. `--dry-run`: engine/dry_run.py.
+
+Exit codes (docs/architecture.md, "tcplab run"): 0 every selected run complete; 1 a run failed or was not
+stored; 2 the plan (or a filter) is wrong; 3 a run was refused and none failed; 4 an agent unreachable at
+start; 5 another manager is running; 6 the database unreachable at start.
+"""
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
 
 from orchestrator.agent_client import AgentError
+from orchestrator.engine.dry_run import dry_run
+from orchestrator.engine.preflight import REFUSED, Refused, Runnable
 from orchestrator.engine.recovery import AnotherManager, recover
-from orchestrator.engine.runner import DB_ERRORS, PENDING, PreflightRefused, RunEngine
+from orchestrator.engine.runner import DB_ERRORS, PENDING, RunEngine, RunOutcome
+from orchestrator.engine.selection import RunFilter, run_order, select_runs, unknown_filter_values
 from orchestrator.engine.topology_match import topology_mismatch
 from orchestrator.inventory import load_inventory
 from orchestrator.lab.netns import inventory_path
@@ -19,14 +29,31 @@ from orchestrator.storage.db import open_db
 from orchestrator.storage.writer import completed_run_ids
 
 
+def exit_code(outcomes: list[RunOutcome]) -> int:
+    statuses = {o.status for o in outcomes}
+    return 1 if statuses - {"complete", REFUSED} else 3 if REFUSED in statuses else 0
+
+
+def summary_line(outcomes: list[RunOutcome], skipped: int) -> str:
+    n = {status: sum(1 for o in outcomes if o.status == status) for status in ("complete", "failed", REFUSED,
+                                                                             PENDING)}
+    return (f"{len(outcomes)} runs: {n['complete']} complete, {n['failed']} failed, {n[REFUSED]} refused"
+            + (f", {n[PENDING]} not stored" if n[PENDING] else "")
+            + (f" ({skipped} already complete, skipped)" if skipped else ""))
+
+
 async def run_plan(plan_path: Path, db_url: str | None, inventory: Path | None, results: Path,
-                   force: bool, console: Console, progress_factory) -> int:
+                   force: bool, console: Console, progress_factory, filters: RunFilter = RunFilter(),
+                   dry: bool = False, refresh: bool = False) -> int:
     try:
         plan = load_plan(plan_path)
     except PlanError as exc:
         console.print(str(exc), markup=False)
         return 2
-    specs = expand(plan)
+    specs = run_order(expand(plan))
+    if wrong := unknown_filter_values(specs, filters):
+        console.print("\n".join(wrong), style="red", markup=False)
+        return 2
     sha = plan_sha256(plan_path)
     plan_row = {"plan_sha256": sha, "name": specs[0].plan_name if specs else plan_path.stem,
                 "path": str(plan_path), "text": plan_path.read_text(),
@@ -36,13 +63,14 @@ async def run_plan(plan_path: Path, db_url: str | None, inventory: Path | None, 
     if mismatch:
         console.print(f"cannot start: {mismatch}", style="red", markup=False)
         return 3
+    if dry:
+        return await dry_run(select_runs(specs, filters), inv, results, refresh, console)
     try:
         db = open_db(db_url)   # connects and migrates: an unreachable database shows here, before any host
     except DB_ERRORS as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         console.print(f"cannot start: the database is unreachable ({first})", style="red", markup=False)
         return 6
-    failed = 0
     engine = RunEngine(inv, db, results)
     try:
         await engine.connect_all()
@@ -59,36 +87,47 @@ async def run_plan(plan_path: Path, db_url: str | None, inventory: Path | None, 
             console.print(f"[red]cannot start: {exc}[/red]", markup=True)
             return 5
         done = set() if force else completed_run_ids(db, sha)
-        todo = [s for s in specs if s.run_id not in done]
-        if done:
-            console.print(f"{len(specs) - len(todo)} of {len(specs)} runs already complete in the DB; skipping them")
-        try:
-            engine.preflight(todo)
-        except PreflightRefused as exc:
-            console.print(f"[red]{exc}[/red]", markup=True)
-            return 3
+        in_scope = select_runs(specs, replace(filters, limit=None))
+        todo = select_runs([s for s in specs if s.run_id not in done], filters)
+        skipped = sum(1 for s in in_scope if s.run_id in done)
+        if skipped:
+            console.print(f"{skipped} of {len(in_scope)} runs already complete in the DB; skipping them")
+        verdicts = engine.preflight(todo)
+        outcomes = [await _record_refused(engine, v, plan_row, console) for v in verdicts if isinstance(v, Refused)]
+        runnable = [v.spec for v in verdicts if isinstance(v, Runnable)]
         with progress_factory() as progress:
-            bar = progress.add_task(plan_path.name, total=len(todo), phase="")
+            bar = progress.add_task(plan_path.name, total=len(runnable), phase="")
 
             def on_phase(run_id: str, phase: str) -> None:
                 progress.update(bar, phase=f"{run_id}: {phase}")
 
             engine.on_phase = on_phase
-            for spec in todo:
+            for spec in runnable:
                 outcome = await engine.run_one(spec, plan_row)
+                outcomes.append(outcome)
                 progress.advance(bar)
                 if outcome.status != "complete":
-                    failed += 1
                     what = "not stored" if outcome.status == PENDING else "failed"
                     console.print(f"run {spec.run_id} {what}: {outcome.error}", style="red", markup=False)
                 for flag in outcome.flags:
                     console.print(f"flag {spec.run_id}: {flag}", style="yellow", markup=False)
+    console.print(summary_line(outcomes, skipped), markup=False)
+    ended = {o.run_id for o in outcomes if o.status in ("complete", "failed")}   # refused ones have no data
+    shown = [s.run_id for s in in_scope if s.run_id in done or s.run_id in ended]
     from analysis.summary import format_table, run_table
 
     try:
-        print(format_table(run_table(db, [s.run_id for s in specs])))
+        if shown:
+            print(format_table(run_table(db, shown)))
     except DB_ERRORS as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         console.print(f"no results table: the database is unreachable ({first})", style="red", markup=False)
-    return 1 if failed else 0
+    return exit_code(outcomes)
+
+
+async def _record_refused(engine: RunEngine, refused: Refused, plan_row: dict, console: Console) -> RunOutcome:
+    outcome = await engine.record_refused(refused, plan_row)
+    console.print(f"run {refused.spec.run_id} {refused.error}" + ("" if outcome.status == REFUSED else
+                  f" ({outcome.error})"), style="red", markup=False)
+    return outcome
 

@@ -23,14 +23,14 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from orchestrator.agent_client import AgentClient, AgentError, AgentUnreachable
-from orchestrator.engine import bind, marker, verify
-from orchestrator.guards import pre_run
+from orchestrator.engine import bind, capcache, marker, preflight, verify
 from orchestrator.guards.finalise import RunOutcome, finalise_run
 from orchestrator.ingest.assemble import sender_ports
 from orchestrator.ingest.record import RunRecord
 from orchestrator.inventory import Inventory
 from orchestrator.plan import RunSpec
-from orchestrator.storage.run_ingest import IngestError
+from orchestrator.storage.run_ingest import IngestError, RunIngest
+from orchestrator.storage.writer import write_run
 from schemas import protocol
 from schemas.flag import Flag
 
@@ -41,17 +41,13 @@ Phase = Callable[[str, str], None]
 DB_ERRORS = (SQLAlchemyError, psycopg.Error, IngestError)
 R = TypeVar("R")
 
-__all__ = ["PreflightRefused", "RunEngine", "RunFailed", "RunOutcome"]
+__all__ = ["RunEngine", "RunFailed", "RunOutcome"]
 # the run's outcome when the database refused the write: the run is on disk, `tcplab ingest --pending` retries
 PENDING = "pending"
 
 
 class RunFailed(Exception):
     pass
-
-
-class PreflightRefused(Exception):
-    """The plan needs what a host lacks; raised before any host is touched."""
 
 
 def _first_line(exc: BaseException) -> str:
@@ -90,6 +86,7 @@ class RunEngine:
             client = AgentClient(role, host.agent, self.inv.token, tls=tls)
             self.hellos[role] = await client.connect()
             self.clients[role] = client
+            self.remember_hello(role)
             log.info("connected host=%s kernel=%s", role, self.hellos[role].capabilities.kernel_release)
 
     async def close(self) -> None:
@@ -102,11 +99,28 @@ class RunEngine:
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
-    def preflight(self, specs: list[RunSpec]) -> None:
-        problems = sorted({p for s in specs for p in verify.capability_problems(s, self.caps)}
-                          | {f"{s.experiment}: {f}" for s in specs for f in pre_run.refusing(s)})
-        if problems:
-            raise PreflightRefused("plan refused before touching any host:\n  " + "\n  ".join(problems))
+    def remember_hello(self, role: str) -> None:
+        """Every hello refreshes the capability cache (engine/capcache.py) `tcplab run --dry-run` reads; a
+        cache that cannot be written costs only a later dry run its shortcut."""
+        try:
+            capcache.record(self.results_dir, role, self.inv.hosts[role].agent, self.hellos[role], _now())
+        except OSError as exc:
+            log.warning("capability cache not written host=%s error=%s", role, exc)
+
+    def preflight(self, specs: list[RunSpec]) -> list[preflight.Verdict]:
+        """Each run judged on its own against the hosts' hellos: Runnable or Refused with its reasons."""
+        return preflight.check_runs(specs, self.caps, self.inv)
+
+    async def record_refused(self, refused: preflight.Refused, plan_row: dict | None) -> RunOutcome:
+        """A refused run goes into the database (status `refused`, reasons in `error`) without touching any
+        host or writing a run folder; `tcplab run` tries it again once the testbed can run it."""
+        row = preflight.refused_row(refused, plan_row, list(self.inv.tags), _now())
+        try:
+            await asyncio.to_thread(write_run, self.db, RunIngest(run=row, plan=plan_row))
+        except DB_ERRORS as exc:
+            return RunOutcome(refused.spec.run_id, PENDING, f"refused, and the database did not take the record: "
+                              f"{_first_line(exc)}")
+        return RunOutcome(refused.spec.run_id, preflight.REFUSED, refused.error)
 
     async def settle(self, roles: Iterable[str], op: Callable[[str, AgentClient], Awaitable[R]]
                      ) -> tuple[dict[str, R], dict[str, AgentError]]:
@@ -141,6 +155,7 @@ class RunEngine:
             while not client.connected:
                 try:
                     self.hellos[role] = await client.connect()
+                    self.remember_hello(role)
                     log.info("reconnected host=%s", role)
                 except AgentError as exc:
                     if time.monotonic() > deadline:

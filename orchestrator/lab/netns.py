@@ -22,6 +22,8 @@ from pathlib import Path
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from orchestrator.agent_client import AgentClient, AgentError
+from orchestrator.inventory import Inventory
+from orchestrator.inventory_ini import to_ini
 from orchestrator.lab.topology import PREFIX, Topology, build_argv, lab_topology, neigh_argv, netns_topology
 from orchestrator.plan.model.topology import Graph
 from schemas import procs
@@ -38,6 +40,12 @@ class LabError(Exception):
 
 def inventory_path(state_dir: Path = STATE_DIR) -> Path:
     return state_dir / "inventory.json"
+
+
+def write_inventory_ini(state_dir: Path, inv: dict) -> None:
+    """The same testbed as Ansible INI next to inventory.json (docs/inventory.md): one format for labs and
+    physical testbeds, usable by `tcplab run --inventory` and by Ansible itself."""
+    (state_dir / "inventory.ini").write_text(to_ini(Inventory.model_validate(inv)))
 
 
 def lab_namespaces(prefix: str = LAB_PREFIX) -> list[str]:
@@ -118,6 +126,7 @@ def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, timeout_s: float =
         for argv in neigh_argv(topo, macs):
             procs.run(argv)
         inventory_path(state_dir).write_text(json.dumps(inv, indent=2))
+        write_inventory_ini(state_dir, inv)
         log_file = open(state_dir / "lab.log", "ab")
         sup = subprocess.Popen([sys.executable, "-m", "orchestrator.lab.supervisor", str(state_dir)],
                                stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
@@ -198,7 +207,7 @@ def down(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX) -> list[str]:
                 inst.rmdir()
                 removed.append(f"tracefs instance {inst.name}")
             break
-    for name in ("inventory.json", "token", "agents.json"):
+    for name in ("inventory.json", "inventory.ini", "token", "agents.json"):
         (state_dir / name).unlink(missing_ok=True)
     for sock in state_dir.glob("agent-*.sock") if state_dir.exists() else []:
         sock.unlink()

@@ -166,6 +166,7 @@ def _processes(image: vm_recipe.KernelImage, accel: str, gdir: Path, name: str, 
 def _start(state_dir: Path, inv: dict, fds: list[int], timeout_s: float) -> dict:
     """Start the supervisor (handing it the tap fds), then wait until every agent answers."""
     inventory_path(state_dir).write_text(json.dumps(inv, indent=2))
+    netns.write_inventory_ini(state_dir, inv)
     started = time.monotonic()
     with open(state_dir / "lab.log", "ab") as log_file:
         sup = subprocess.Popen([sys.executable, "-m", "orchestrator.lab.supervisor", str(state_dir)],

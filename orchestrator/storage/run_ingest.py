@@ -17,7 +17,7 @@ from sqlalchemy import Table
 from orchestrator.storage import records, tables
 from orchestrator.storage.conns import ConnRegistry
 
-RUN_STATUSES = ("complete", "failed")
+RUN_STATUSES = ("complete", "failed", "refused")   # refused: preflight said no, no host touched
 PacketSource = np.ndarray | Iterable[np.ndarray]
 
 

@@ -210,7 +210,8 @@ def delete_run(engine: Engine, run_id: str) -> IngestCounts:
 
 
 def completed_run_ids(engine: Engine, plan_sha256: str) -> set[str]:
-    """run_ids of the plan's runs whose status is 'complete' (the ones `tcplab run` skips)."""
+    """run_ids of the plan's runs whose status is 'complete' (the ones `tcplab run` skips); failed and refused
+    runs are tried again."""
     stmt = select(tables.run.c.run_id).where(tables.run.c.plan_sha256 == plan_sha256,
                                              tables.run.c.status == "complete")
     with engine.connect() as conn:

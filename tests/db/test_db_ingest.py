@@ -190,6 +190,8 @@ def test_completed_run_ids(engine) -> None:
     other = RunIngest(run=run_row("c-0003", plan_sha256="b" * 64), plan=other_plan)
     write_run(engine, other)
     write_run(engine, RunIngest(run=run_row("c-0004", plan_sha256=None)))
+    # a refused run (preflight said no, no host touched) is stored but not done: the next `tcplab run` retries it
+    write_run(engine, make_run_ingest("c-0005", n_packets=0, status="refused"))
     assert completed_run_ids(engine, PLAN_SHA) == {"c-0001"}
     assert completed_run_ids(engine, "b" * 64) == {"c-0003"}
     assert completed_run_ids(engine, "c" * 64) == set()

@@ -1,5 +1,5 @@
 """On this machine's netns lab (no netem in the kernel), a plan that needs netem is refused before any host is
-touched, and the message names the host, its kernel release and `netem`."""
+touched, and the message names the host, its kernel release and `netem`; each run is recorded as `refused`."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from sqlalchemy import inspect, text
+from sqlalchemy import text
 
 from orchestrator.storage.db import open_db
 from tests.lab.conftest import run_plan_quietly
@@ -48,9 +48,10 @@ def test_netem_plan_is_refused_naming_host_kernel_and_netem(lab, tmp_path):
     assert f"host aqm (kernel {os.uname().release}) lacks qdisc red" in message
     assert _host_view(aqm_ns, dev) == before             # no qdisc and no sysctl was changed
     engine = open_db(url)
-    if "run" in inspect(engine).get_table_names():
-        with engine.connect() as conn:
-            assert conn.execute(text("SELECT count(*) FROM run")).scalar_one() == 0
+    with engine.connect() as conn:      # every run recorded as refused with its reasons, none ran
+        rows = conn.execute(text("SELECT status, error FROM run")).all()
+    assert rows and {r.status for r in rows} == {"refused"}
+    assert all(f"host aqm (kernel {os.uname().release}) lacks qdisc netem" in r.error for r in rows)
     assert not any((tmp_path / "results").glob("*/runspec.json"))
     assert json.loads(before[0])                          # the view compared above was real tc output
 

@@ -1,0 +1,112 @@
+"""Run order and `tcplab run` filters (orchestrator/engine/selection.py): pure, on a real expanded plan with two
+kernel variants on the server, two arms, two congestion controls and two repetitions (order: rounds)."""
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.engine.selection import RunFilter, kernel_label, run_order, select_runs, unknown_filter_values
+from orchestrator.plan import expand, load_plan_text
+
+PLAN = """name: ko
+roles: [client, aqm, server]
+repetitions: 2
+kernels:
+  old: {package: linux-image-6.1.0-28-cloud-amd64, vanilla: true}
+  new: {package: linux-image-6.12.9-cloud-amd64, vanilla: true}
+run:
+  duration: 2s
+  bottleneck: {at: {host: aqm, toward: client}, rate: 20mbit, queue: {kind: pfifo, limit: 100}}
+  traffic: {src: server, dst: client, cc: reno, flows: 1}
+  hosts:
+    all:
+      offloads: {tso: off, gso: off, gro: off}
+matrix:
+  axes:
+    hosts.server.kernel: [old, new]
+    traffic.cc: [reno, cubic]
+arms:
+  - name: a
+    set: {bottleneck.rate: 20mbit}
+  - name: b
+    set: {bottleneck.rate: 50mbit}
+"""
+
+
+def label(spec) -> str:
+    return f"{spec.params['arm']}/{spec.params['kernel']}/{spec.params['cc']}/r{spec.repetition}"
+
+
+@pytest.fixture(scope="module")
+def specs():
+    return expand(load_plan_text(PLAN, "ko.yaml"))
+
+
+def test_the_plans_rounds_interleave_kernels(specs):
+    """What the expansion gives (order: rounds): the kernel changes four times per round."""
+    assert [label(s) for s in specs][:8] == [
+        "a/old/reno/r0", "a/old/cubic/r0", "a/new/reno/r0", "a/new/cubic/r0",
+        "b/old/reno/r0", "b/old/cubic/r0", "b/new/reno/r0", "b/new/cubic/r0"]
+
+
+def test_run_order_groups_by_kernel_and_keeps_the_rounds_inside_a_group(specs):
+    assert [label(s) for s in run_order(specs)] == [
+        "a/old/reno/r0", "a/old/cubic/r0", "b/old/reno/r0", "b/old/cubic/r0",
+        "a/old/reno/r1", "a/old/cubic/r1", "b/old/reno/r1", "b/old/cubic/r1",
+        "a/new/reno/r0", "a/new/cubic/r0", "b/new/reno/r0", "b/new/cubic/r0",
+        "a/new/reno/r1", "a/new/cubic/r1", "b/new/reno/r1", "b/new/cubic/r1"]
+    switches = sum(1 for x, y in zip(run_order(specs), run_order(specs)[1:], strict=False)
+                   if kernel_label(x) != kernel_label(y))
+    assert switches == 1
+
+
+def test_run_order_keeps_a_single_kernel_plan_exactly(specs):
+    one = [s for s in specs if s.params["kernel"] == "new"]
+    assert run_order(one) == one
+    assert run_order([]) == []
+
+
+def test_kernel_label_names_the_host_and_variant(specs):
+    assert kernel_label(specs[0]) == "server=old"
+
+
+@pytest.mark.parametrize(("f", "expected"), [
+    (RunFilter(arm="b", kernel="new"), ["b/new/reno/r0", "b/new/cubic/r0", "b/new/reno/r1", "b/new/cubic/r1"]),
+    (RunFilter(repetition=1, kernel="old"), ["a/old/reno/r1", "a/old/cubic/r1", "b/old/reno/r1", "b/old/cubic/r1"]),
+    (RunFilter(experiment="main", limit=3), ["a/old/reno/r0", "a/old/cubic/r0", "b/old/reno/r0"]),
+    (RunFilter(arm="a", repetition=0, kernel="new", limit=1), ["a/new/reno/r0"]),
+    (RunFilter(limit=0), []),
+])
+def test_select_runs_narrows_the_run_order(specs, f, expected):
+    assert [label(s) for s in select_runs(run_order(specs), f)] == expected
+
+
+def test_no_filter_selects_everything(specs):
+    assert select_runs(specs, RunFilter()) == specs
+
+
+def test_unknown_filter_values_are_named_not_silently_empty(specs):
+    assert unknown_filter_values(specs, RunFilter(experiment="main", arm="a", repetition=1, kernel="old")) == []
+    assert unknown_filter_values(specs, RunFilter(experiment="x", arm="c", repetition=2, kernel="k")) == [
+        "--experiment x: the plan has no such experiment (it has: main)",
+        "--arm c: the plan has no such arm (it has: a, b)",
+        "--kernel k: the plan has no such kernel (it has: new, old)",
+        "--rep 2: the plan's repetitions are 0..1"]
+
+
+def test_the_cli_passes_the_filters_and_dry_run_to_run_plan(monkeypatch, tmp_path):
+    """`tcplab run` wiring: every option reaches run_plan as a RunFilter (no lab, run_plan replaced)."""
+    from orchestrator import cli
+    from orchestrator.engine import plan_run
+
+    seen = {}
+
+    async def fake_run_plan(plan, **kw):
+        seen.update(kw, plan=plan)
+        return 3
+
+    monkeypatch.setattr(plan_run, "run_plan", fake_run_plan)
+    args = cli.build_parser().parse_args(["run", str(tmp_path / "p.yaml"), "--dry-run", "--experiment", "main",
+                                          "--arm", "a", "--rep", "1", "--kernel", "old", "--limit", "2"])
+    assert args.func(args) == 3
+    assert seen["filters"] == RunFilter(experiment="main", arm="a", repetition=1, kernel="old", limit=2)
+    assert (seen["dry"], seen["refresh"], seen["force"]) == (True, False, False)
