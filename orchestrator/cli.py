@@ -17,12 +17,12 @@ console = Console(stderr=True)
 
 def cmd_lab(args: argparse.Namespace) -> int:
     from orchestrator.lab import netns, vm, vm_image
-    from orchestrator.lab.topology import netns_topology
+    from orchestrator.lab.topology import lab_topology, netns_topology
     from orchestrator.lab.vm_config import parse_vm_roles, plan_kernel_package
     from orchestrator.plan import PlanError
 
-    if (args.kernel or args.vm_roles or args.plan) and args.kind != "vm":
-        console.print("[red]--kernel, --vm-roles and --plan need --kind vm[/red]")
+    if (args.kernel or args.vm_roles) and args.kind != "vm":
+        console.print("[red]--kernel and --vm-roles need --kind vm[/red]")
         return 2
     if args.command and args.action != "exec":
         console.print(f"[red]unexpected arguments for lab {args.action}: {' '.join(args.command)}[/red]")
@@ -30,23 +30,33 @@ def cmd_lab(args: argparse.Namespace) -> int:
     kind = args.kind if args.action == "up" else vm.lab_kind()
     try:
         if args.action == "up" and kind == "vm":
-            roles = parse_vm_roles(args.vm_roles or "aqm", netns_topology(netns.LAB_PREFIX))
-            kernel = args.kernel
-            if args.plan:
-                from orchestrator.plan import expand, load_plan
+            from orchestrator.plan import expand, load_plan
+            from orchestrator.plan.model.topology import plan_graph
 
-                plan = load_plan(args.plan)
+            plan = load_plan(args.plan) if args.plan else None
+            graph = plan_graph(plan.roles, plan.topology) if plan else None
+            topo = lab_topology(graph, netns.LAB_PREFIX) if graph else netns_topology(netns.LAB_PREFIX)
+            roles = parse_vm_roles(args.vm_roles or "aqm", topo)
+            kernel = args.kernel
+            if plan:
                 wanted = plan_kernel_package(plan.kernels, expand(plan), roles)
                 if kernel and wanted and kernel != wanted:
                     raise netns.LabError(f"--kernel {kernel}, but {args.plan} asks for {wanted}")
                 kernel = kernel or wanted
-            inv = vm.up(kernel=kernel, vm_roles=roles)
+            inv = vm.up(kernel=kernel, vm_roles=roles, graph=graph)
             v = inv["vm"]
             console.print(f"lab up (vm): {', '.join(inv['hosts'])}; guests {', '.join(v['roles'])} run "
                           f"{v['package']} ({v['release']}, {v['accel']}, {v['share']}), agents ready "
                           f"{v.get('boot_s', '?')} s after start; inventory {netns.inventory_path()}")
         elif args.action == "up":
-            inv = netns.up()
+            from orchestrator.plan import load_plan
+            from orchestrator.plan.model.topology import plan_graph
+
+            graph = None
+            if args.plan:
+                plan = load_plan(args.plan)
+                graph = plan_graph(plan.roles, plan.topology)
+            inv = netns.up(graph=graph)
             console.print(f"lab up: {', '.join(inv['hosts'])}; inventory {netns.inventory_path()}")
         elif args.action == "exec":
             return _lab_exec(kind, args.command)
@@ -224,7 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--kernel", metavar="PACKAGE", default=None,
                      help="vm: Debian kernel package of the guests (default: newest linux-image-6.1.0-*-amd64)")
     lab.add_argument("--plan", metavar="FILE", type=Path, default=None,
-                     help="vm: boot the Debian kernel package the plan's kernel variants name for the guests")
+                     help="build the plan's topology (its hosts and links); vm: also boot the Debian kernel "
+                     "package the plan's kernel variants name for the guests (no switches yet)")
     lab.add_argument("--vm-roles", metavar="ROLES", default=None,
                      help="vm: which hosts are guests: aqm (default; the endpoints are namespaces), "
                           "e.g. aqm,server, or all (the senders then run the guest kernel: dctcp, ...)")

@@ -28,8 +28,18 @@ class InterfaceEntry(_Strict):
     toward: str
     addr: str
     plen: int
-    peer_addr: str
+    peer_addr: str = Field("", description="the peer's address on a point-to-point link (empty on a switch)")
     mac: str = ""
+    # an interface facing a switch (`toward` names the switch) reaches every host on it directly
+    switch_peers: dict[str, str] = Field(default_factory=dict, description="role -> address of the hosts "
+                                         "behind the switch this interface faces")
+
+    def reaches(self, role: str) -> bool:
+        return self.toward == role or role in self.switch_peers
+
+    @property
+    def peer_addrs(self) -> list[str]:
+        return list(self.switch_peers.values()) or [self.peer_addr]
 
 
 class HostEntry(_Strict):
@@ -43,7 +53,7 @@ class HostEntry(_Strict):
 
     def iface_toward(self, role: str) -> str:
         for name, entry in self.interfaces.items():
-            if entry.toward == role:
+            if entry.reaches(role):
                 return name
         raise KeyError(f"no interface toward {role!r} (have {sorted(self.interfaces)})")
 
@@ -67,6 +77,8 @@ class Inventory(_Strict):
     supervisor_pid: int | None = Field(None, description="lab: pid of the lab supervisor")
     processes: list[dict[str, Any]] = Field(default_factory=list, description="lab: the supervisor's extra children")
     vm: dict[str, Any] | None = Field(None, description="VM lab: kernel image, guests, boot time")
+    topology: dict[str, Any] | None = Field(None, description="lab: the hosts, switches and links it was built "
+                                            "as (a plan's TopologySpec)")
 
     @property
     def token(self) -> bytes:

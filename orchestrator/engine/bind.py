@@ -44,16 +44,18 @@ def host_states(spec: RunSpec, inv: Inventory) -> dict[str, HostState]:
 
 
 def peer_neighbours(inv: Inventory, role: str, dev: str) -> dict[str, str]:
-    """The data-path peer of `role`'s interface `dev` as {address: MAC}, from the inventory (G-ARP)."""
-    entry = inv.hosts[role].interfaces[dev]
-    for host in inv.hosts.values():
-        for peer in host.interfaces.values():
-            if peer.addr == entry.peer_addr:
-                if not peer.mac:
-                    raise BindError(f"inventory gives no MAC for {entry.peer_addr} (peer of {role} {dev}): "
-                                       "static neighbours need it (or set static_neighbours: false)")
-                return {peer.addr: peer.mac.lower()}
-    raise BindError(f"inventory has no host with {entry.peer_addr} (peer of {role} {dev})")
+    """The data-path peers of `role`'s interface `dev` (its link's peer, or every host behind the switch it
+    faces) as {address: MAC}, from the inventory (G-ARP)."""
+    out = {}
+    for addr in inv.hosts[role].interfaces[dev].peer_addrs:
+        peer = next((p for host in inv.hosts.values() for p in host.interfaces.values() if p.addr == addr), None)
+        if peer is None:
+            raise BindError(f"inventory has no host with {addr} (peer of {role} {dev})")
+        if not peer.mac:
+            raise BindError(f"inventory gives no MAC for {addr} (peer of {role} {dev}): "
+                            "static neighbours need it (or set static_neighbours: false)")
+        out[peer.addr] = peer.mac.lower()
+    return out
 
 
 @dataclass(frozen=True)

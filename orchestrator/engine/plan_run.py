@@ -21,6 +21,7 @@ from orchestrator.engine.preflight import REFUSED, Refused, Runnable
 from orchestrator.engine.recovery import AnotherManager, recover
 from orchestrator.engine.runner import DB_ERRORS, PENDING, RunEngine, RunOutcome
 from orchestrator.engine.selection import RunFilter, run_order, select_runs, unknown_filter_values
+from orchestrator.engine.topology_match import topology_mismatch
 from orchestrator.inventory import load_inventory
 from orchestrator.lab.netns import inventory_path
 from orchestrator.plan import PlanError, expand, load_plan, plan_sha256
@@ -58,6 +59,10 @@ async def run_plan(plan_path: Path, db_url: str | None, inventory: Path | None, 
                 "path": str(plan_path), "text": plan_path.read_text(),
                 "created_at": dt.datetime.now(dt.UTC)}
     inv = load_inventory(inventory or inventory_path())
+    mismatch = topology_mismatch(specs[0].testbed if specs else None, inv, plan_path)
+    if mismatch:
+        console.print(f"cannot start: {mismatch}", style="red", markup=False)
+        return 3
     if dry:
         return await dry_run(select_runs(specs, filters), inv, results, refresh, console)
     try:

@@ -24,7 +24,8 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from orchestrator.agent_client import AgentClient, AgentError
 from orchestrator.inventory import Inventory
 from orchestrator.inventory_ini import to_ini
-from orchestrator.lab.topology import PREFIX, Topology, build_argv, neigh_argv, netns_topology
+from orchestrator.lab.topology import PREFIX, Topology, build_argv, lab_topology, neigh_argv, netns_topology
+from orchestrator.plan.model.topology import Graph
 from schemas import procs
 
 log = logging.getLogger("tcplab.lab")
@@ -65,6 +66,12 @@ def pid_alive(pid: int) -> bool:
     return _proc_state(pid) not in (None, "Z", "X")
 
 
+def topology_dict(topo: Topology) -> dict:
+    """What the lab was built as, in a plan's TopologySpec shape (compared with a plan's by `tcplab run`)."""
+    return {"hosts": list(topo.hosts), "switches": list(topo.switches),
+            "links": [[link.a.role, link.b.role] for link in topo.links]}
+
+
 def inventory_dict(topo: Topology, kind: str, token_file: Path, macs: dict[tuple[str, str], str],
                    agents: dict[str, str], namespaces: dict[str, str | None]) -> dict:
     """The inventory (pure): per role its agent URL, namespace (None for a VM) and data interfaces."""
@@ -73,10 +80,14 @@ def inventory_dict(topo: Topology, kind: str, token_file: Path, macs: dict[tuple
         ifaces = {}
         for ep in topo.endpoints(role):
             peer = topo.peer(ep)
-            ifaces[ep.ifname] = {"toward": peer.role, "addr": ep.addr, "plen": ep.plen,
-                                 "peer_addr": peer.addr, "mac": macs[(role, ep.ifname)]}
+            entry = {"toward": peer.role, "addr": ep.addr, "plen": ep.plen, "peer_addr": peer.addr,
+                     "mac": macs[(role, ep.ifname)]}
+            if peer.role in topo.switches:
+                entry["switch_peers"] = {p.role: p.addr for p in topo.segment_peers(ep)}
+            ifaces[ep.ifname] = entry
         hosts[role] = {"agent": agents[role], "namespace": namespaces[role], "interfaces": ifaces}
-    return {"kind": kind, "prefix": topo.prefix, "token_file": str(token_file), "hosts": hosts}
+    return {"kind": kind, "prefix": topo.prefix, "token_file": str(token_file), "hosts": hosts,
+            "topology": topology_dict(topo)}
 
 
 def link_mac(namespace: str, ifname: str) -> str:
@@ -91,12 +102,17 @@ def build_inventory(topo: Topology, state_dir: Path, token_file: Path) -> dict:
                           {role: topo.namespace(role) for role in topo.roles})
 
 
-def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, timeout_s: float = 60.0) -> dict:
+def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, timeout_s: float = 60.0,
+       graph: Graph | None = None) -> dict:
+    """Build the lab of `graph` (a plan's topology; default: the quickstart's client <-> aqm <-> server).
+    A healthy lab of the same topology is kept; any other is taken down first."""
+    topo = netns_topology(prefix) if graph is None else lab_topology(graph, prefix)
     if lab_namespaces(prefix) or inventory_path(state_dir).exists():
         if status(state_dir, prefix)["healthy"]:
-            return json.loads(inventory_path(state_dir).read_text())
+            inv = json.loads(inventory_path(state_dir).read_text())
+            if inv.get("topology") == topology_dict(topo):
+                return inv
         down(state_dir, prefix)
-    topo = netns_topology(prefix)
     try:
         for argv in build_argv(topo):
             procs.run(argv)
@@ -198,6 +214,16 @@ def down(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX) -> list[str]:
     return removed
 
 
+def _built_namespaces(inv: Path, prefix: str) -> list[str]:
+    """The namespaces the inventory's lab was built with (hosts and switches)."""
+    try:
+        doc = json.loads(inv.read_text())
+    except (OSError, json.JSONDecodeError):
+        return []
+    topo = doc.get("topology") or {"hosts": list(doc.get("hosts", {})), "switches": []}
+    return [f"{prefix}-{n}" for n in topo["hosts"] + topo["switches"]]
+
+
 def status(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX) -> dict:
     namespaces = lab_namespaces(prefix)
     agents = []
@@ -214,6 +240,6 @@ def status(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX) -> dict:
                               "addr": [a["local"] for a in link.get("addr_info", [])]})
     inv = inventory_path(state_dir)
     healthy = (bool(namespaces) and inv.exists() and bool(agents) and all(a["alive"] for a in agents)
-               and len(namespaces) == 3)
+               and sorted(namespaces) == sorted(_built_namespaces(inv, prefix)))
     return {"healthy": healthy, "inventory": str(inv) if inv.exists() else None,
             "namespaces": namespaces, "agents": [a for a in agents if a["alive"]], "links": links}

@@ -30,7 +30,14 @@ from pathlib import Path
 from orchestrator.agent_client import AgentClient
 from orchestrator.lab import netns, vm_guest, vm_image, vm_recipe
 from orchestrator.lab.netns import LAB_PREFIX, STATE_DIR, LabError, inventory_path
-from orchestrator.lab.topology import address_argv, namespace_argv, neigh_argv, netns_topology, route_argv
+from orchestrator.lab.topology import (
+    address_argv,
+    lab_topology,
+    namespace_argv,
+    neigh_argv,
+    netns_topology,
+    route_argv,
+)
 from orchestrator.lab.vm_config import (
     EXEC_SOCKET,
     Nic,
@@ -45,14 +52,16 @@ from orchestrator.lab.vm_config import (
     vm_dir,
 )
 from orchestrator.lab.vm_host import REPO_ROOT, choose_accel, free_ports, guest_interpreter, missing_tools, open_tap
+from orchestrator.plan.model.topology import Graph
 from schemas import procs
 
 VM_PROCESSES = ("qemu-", "virtiofsd-")  # supervisor children of a guest, named <kind>-<role>
 
 
 def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, kernel: str | None = None,
-       timeout_s: float = 180.0, vm_roles: tuple[str, ...] = ("aqm",)) -> dict:
-    topo = netns_topology(prefix)
+       timeout_s: float = 180.0, vm_roles: tuple[str, ...] = ("aqm",), graph: Graph | None = None) -> dict:
+    """The lab of `graph` (default: the quickstart's chain) with `vm_roles` as guests, the rest namespaces."""
+    topo = netns_topology(prefix) if graph is None else lab_topology(graph, prefix)
     vm_roles = check_vm_roles(topo, vm_roles)
     if inventory_path(state_dir).exists() or netns.lab_namespaces(prefix):
         kind = lab_kind(state_dir)
@@ -60,7 +69,8 @@ def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, kernel: str | None
             raise LabError(f"a {kind} lab is up in {state_dir}: run `tcplab lab down` first")
         if kind == "vm" and status(state_dir, prefix)["healthy"]:
             inv = json.loads(inventory_path(state_dir).read_text())
-            if kernel not in (None, inv["vm"]["package"]) or tuple(inv["vm"]["roles"]) != vm_roles:
+            if (kernel not in (None, inv["vm"]["package"]) or tuple(inv["vm"]["roles"]) != vm_roles
+                    or inv.get("topology") != netns.topology_dict(topo)):
                 raise LabError(f"a vm lab with {inv['vm']['package']} and guests {', '.join(inv['vm']['roles'])} "
                                "is up: run `tcplab lab down` first")
             return inv
@@ -79,6 +89,13 @@ def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, kernel: str | None
             for nic in nics[role]:
                 if nic.backend == "tap":
                     fds[(role, nic.ifname)] = open_tap(nic.namespace, nic.tap_ifname)
+        for link in topo.links:       # links between two namespaces are veth pairs, as in the netns lab
+            if link.a.role in ns_roles and link.b.role in ns_roles:
+                procs.run(["ip", "link", "add", link.a.ifname, "netns", topo.namespace(link.a.role), "type",
+                           "veth", "peer", "name", link.b.ifname, "netns", topo.namespace(link.b.role)])
+        for role in topo.routers():
+            if role in ns_roles:
+                procs.run(["ip", "netns", "exec", topo.namespace(role), "sysctl", "-qw", "net.ipv4.ip_forward=1"])
         ns_ends = [ep for r in ns_roles for ep in topo.endpoints(r)]
         for ep in ns_ends:
             for argv in address_argv(topo, ep):

@@ -40,8 +40,11 @@ def check_vm_roles(topo: Topology, vm_roles: tuple[str, ...]) -> tuple[str, ...]
     unknown = [r for r in vm_roles if r not in topo.roles]
     if unknown:
         raise LabError(f"--vm-roles: no role {', '.join(unknown)} in the lab (roles: {', '.join(topo.roles)})")
-    if "aqm" not in vm_roles:
+    if "aqm" in topo.roles and "aqm" not in vm_roles:
         raise LabError("--vm-roles must include aqm: the VM lab's bottleneck host is always a guest")
+    if topo.switches:
+        raise LabError(f"the VM lab has no switches yet (this topology has {', '.join(topo.switches)}): "
+                       "use --kind netns")
     return tuple(r for r in topo.roles if r in vm_roles)
 
 
@@ -52,9 +55,10 @@ def parse_vm_roles(text: str, topo: Topology) -> tuple[str, ...]:
 
 
 def guest_mac(topo: Topology, ep: Endpoint) -> str:
-    """Locally administered and fixed per (link, side): the aqm side ends in fe, the endpoint side in 01."""
-    link = next(i for i, lk in enumerate(topo.links, 1) if ep in (lk.a, lk.b))
-    return f"52:54:00:7c:{link:02x}:{'fe' if ep.role == 'aqm' else '01'}"
+    """Locally administered and fixed per (link, side): the second end (the aqm's on the quickstart's links)
+    ends in fe, the first in 01."""
+    i, link = next((i, lk) for i, lk in enumerate(topo.links, 1) if ep in (lk.a, lk.b))
+    return f"52:54:00:7c:{i:02x}:{'fe' if ep == link.b else '01'}"
 
 
 @dataclass(frozen=True)
@@ -113,7 +117,7 @@ def guest_config(topo: Topology, role: str, port: int, macs: dict[tuple[str, str
         agent += ["--interface", ep.ifname]
     return {"hostname": topo.namespace(role), "interfaces": interfaces,
             "routes": [[subnet, via, dev] for r, subnet, via, dev in routes(topo) if r == role],
-            "sysctls": {"net.ipv4.ip_forward": "1"} if role == "aqm" else {},
+            "sysctls": {"net.ipv4.ip_forward": "1"} if role in topo.routers() else {},
             "clock": [CLOCK_ADDR, CLOCK_PORT], "agent": agent}
 
 

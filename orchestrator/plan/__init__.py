@@ -25,8 +25,9 @@ from orchestrator.plan.expansion.runspec import (
     HostSpec,
     LinkRef,
     RunSpec,
+    TopologySpec,
 )
 from orchestrator.plan.model.plan import Plan
 
 __all__ = ["AnalysisSpec", "CapturePoint", "Derived", "FlowSpec", "HostSpec", "Issue", "LinkRef", "Plan", "PlanError",
-           "RunSpec", "check_plan", "expand", "load_plan", "load_plan_text", "plan_sha256"]
+           "RunSpec", "TopologySpec", "check_plan", "expand", "load_plan", "load_plan_text", "plan_sha256"]

@@ -62,7 +62,7 @@ def test_a_typo_in_an_interface_names_file_field_path_and_line(tmp_path):
         load_inventory(path)
     msg = str(err.value)
     assert f"{path}:16: hosts.aqm.interfaces.enp1s0f1.tovard: unknown field 'tovard'" in msg
-    assert "expected one of: addr, mac, peer_addr, plen, toward" in msg
+    assert "expected one of: addr, mac, peer_addr, plen, switch_peers, toward" in msg
     # the misspelt key also leaves the real one missing: both are named, at the interface's line
     assert f"{path}:15: hosts.aqm.interfaces.enp1s0f1.toward: Field required" in msg
 

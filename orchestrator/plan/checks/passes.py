@@ -19,12 +19,14 @@ from orchestrator.plan.checks.diagnose import problems_from
 from orchestrator.plan.checks.errors import Problem
 from orchestrator.plan.checks.plan_rules import assignment_problems, plan_problems
 from orchestrator.plan.checks.run_rules import run_problems
+from orchestrator.plan.checks.topology_rules import link_problems
 from orchestrator.plan.expansion.instantiate import CellValueError, run_key, template_document
 from orchestrator.plan.expansion.matrix import Cell, iter_cells
 from orchestrator.plan.model.bounds import MAX_PLAN_FLOWS
 from orchestrator.plan.model.paths import KeyPath
 from orchestrator.plan.model.plan import Plan
 from orchestrator.plan.model.template import RunTemplate
+from orchestrator.plan.model.topology import plan_graph
 
 
 @dataclass
@@ -63,7 +65,8 @@ def check_cell(plan: Plan, template_doc: Any, cell: Cell) -> tuple[RunTemplate |
         return None, [Problem(_to_plan(p.path, cell), p.message, p.at_key)
                       for p in problems_from(exc, doc, RunTemplate)]
     return run, [Problem(_to_plan(p.path, cell), p.message, p.at_key)
-                 for p in run_problems(run, plan.roles, set(plan.kernels))]
+                 for p in run_problems(run, plan.roles, set(plan.kernels))
+                 + link_problems(run, plan_graph(plan.roles, plan.topology))]
 
 
 def check_cells(plan: Plan, template_doc: Any) -> list[Problem]:

@@ -54,7 +54,10 @@ def instantiate(cell: Cell, template_doc: Any) -> RunTemplate:
 def run_key(plan: Plan, cell: Cell, run: RunTemplate) -> str:
     """The hash part of a run id: the whole instantiated run, not only the varied values, so an id names
     one configuration for good."""
-    return digest({"experiment": cell.experiment, "arm": cell.arm, "roles": plan.roles, "run": run})
+    # a stated topology is part of the run; the default one is not hashed, so it keeps the ids plans had
+    # before topologies could be stated (it follows from the roles, which are hashed)
+    stated = {"topology": plan.topology} if plan.topology is not None else {}
+    return digest({"experiment": cell.experiment, "arm": cell.arm, "roles": plan.roles, "run": run, **stated})
 
 
 def instantiate_all(plan: Plan) -> list[CellRun]:

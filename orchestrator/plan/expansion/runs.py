@@ -25,10 +25,11 @@ from orchestrator.plan.expansion.build import (
 from orchestrator.plan.expansion.derive import derived_values
 from orchestrator.plan.expansion.instantiate import CellRun, instantiate_all
 from orchestrator.plan.expansion.matrix import all_assignments, param_name
-from orchestrator.plan.expansion.runspec import RunSpec
+from orchestrator.plan.expansion.runspec import RunSpec, TopologySpec
 from orchestrator.plan.model.paths import KeyPath, get_in
 from orchestrator.plan.model.plan import Plan
 from orchestrator.plan.model.quantities import Quantity
+from orchestrator.plan.model.topology import plan_graph
 
 
 def varied_fields(plan: Plan) -> dict[str, KeyPath]:
@@ -73,6 +74,14 @@ def run_seed(plan: Plan, key: str, repetition: int) -> int:
     return int.from_bytes(hashlib.sha256(text).digest()[:6], "big")
 
 
+def topology_spec(plan: Plan) -> TopologySpec | None:
+    """A stated topology as the run's; None for the default (RunSpec.testbed derives it from the roles)."""
+    if plan.topology is None:
+        return None
+    g = plan_graph(plan.roles, plan.topology)
+    return TopologySpec(hosts=list(g.hosts), switches=list(g.switches), links=list(g.links))
+
+
 def _run_specs(plan: Plan, r: CellRun, varied: dict[str, KeyPath]) -> list[RunSpec]:
     t = r.run
     stats, interval = qdisc_stat_links(t)
@@ -81,6 +90,7 @@ def _run_specs(plan: Plan, r: CellRun, varied: dict[str, KeyPath]) -> list[RunSp
         plan_name=plan.name, experiment=r.cell.experiment, tags=list(plan.tags), cell=r.cell.index,
         params=run_params(plan, r, varied),
         derived=derived_values(t), duration_s=t.duration.seconds, hosts=host_specs(t, plan.roles, plan.kernels),
+        topology=topology_spec(plan),
         flows=flow_specs(t), captures=capture_points(t), qdisc_stats=stats, qdisc_stats_interval_ms=interval,
         tcp_probe=t.tcp_probe, ss_interval_ms=ss_interval_ms(t), ack_policy=ack_policy_spec(t), events=event_specs(t),
         analysis=analysis_spec(t), accept_guards=list(t.accept_guards))

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
+from orchestrator.plan.model.topology import default_links
 from schemas.hoststate import QdiscStage
 from schemas.identifiers import RUN_ID_PATTERN
 
@@ -163,6 +164,14 @@ class Derived(_Strict):
         return out
 
 
+class TopologySpec(_Strict):
+    """The testbed the run needs: the plan's `topology:` or the default its roles give (model/topology.py)."""
+
+    hosts: list[str] = Field(description="roles, one agent each")
+    switches: list[str] = Field(default_factory=list, description="L2 switches (no agent, no address)")
+    links: list[tuple[str, str]] = Field(description="pairs of nodes; one subnet per link or per switch")
+
+
 class RunSpec(_Strict):
     run_id: str = Field(pattern=RUN_ID_PATTERN)
     plan_name: str
@@ -175,6 +184,9 @@ class RunSpec(_Strict):
     derived: Derived = Field(default_factory=Derived, description="values computed at expansion")
     duration_s: float = Field(gt=0)
     hosts: dict[str, HostSpec]
+    topology: TopologySpec | None = Field(default=None, description="the plan's stated topology; None: the "
+                                          "default its roles give (`testbed`), left out of the JSON so specs "
+                                          "stored before topologies read and write back unchanged")
     flows: list[FlowSpec]
     captures: list[CapturePoint]
     qdisc_stats: list[LinkRef] = Field(default_factory=list)
@@ -189,3 +201,18 @@ class RunSpec(_Strict):
     @property
     def senders(self) -> list[str]:
         return sorted({f.src for f in self.flows})
+
+    @property
+    def testbed(self) -> TopologySpec:
+        """The hosts and links the run needs: the stated topology, or the default of its roles (plan order)."""
+        if self.topology is not None:
+            return self.topology
+        links, switches = default_links(list(self.hosts))
+        return TopologySpec(hosts=list(self.hosts), switches=list(switches), links=list(links))
+
+    @model_serializer(mode="wrap")
+    def _stated_topology_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out = handler(self)
+        if out.get("topology", True) is None:
+            del out["topology"]
+        return out

@@ -13,6 +13,7 @@ from pydantic import BeforeValidator, Field, JsonValue, StringConstraints
 from orchestrator.plan.model.kernels import KernelVariant
 from orchestrator.plan.model.names import VariantName
 from orchestrator.plan.model.template import RoleName, RunTemplate, Strict, _f
+from orchestrator.plan.model.topology import TopologySection
 
 PlanName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.][A-Za-z0-9_.-]{0,31}$")]
 ItemName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.][A-Za-z0-9_.-]{0,23}$")]
@@ -76,6 +77,10 @@ class Plan(Strict):
     description: str = _f("", "what the plan is for", "Reno vs CUBIC through an htb bottleneck")
     roles: list[RoleName] = _f(["client", "aqm", "server"], "host roles of the testbed",
                                ["client", "aqm", "server"], min_length=2)
+    topology: TopologySection | None = _f(
+        None, "hosts and the links between them; default derived from `roles` (docs/plans.md#topology)",
+        {"links": [["sender_a", "aqm"], ["sender_b", "aqm"], ["aqm", "switch"], ["switch", "receiver_a"],
+                   ["switch", "receiver_b"]], "switches": ["switch"]})
     tags: list[Annotated[str, StringConstraints(pattern=r"^[a-z0-9_-]{1,32}$")]] = _f(
         [], "labels stored with every run", ["smoke"])
     repetitions: int = _f(1, "runs per cell", 5, unit="runs", ge=1, le=1000)
