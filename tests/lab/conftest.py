@@ -67,11 +67,9 @@ def vm_unavailable() -> str | None:
     return None
 
 
-def vm_lab_up(tmp_path_factory, prefix: str, vm_roles: tuple[str, ...], timeout_s: float = 240) -> Iterator[
-        tuple[dict, Path]]:
-    """Body of a module-scoped VM-lab fixture: skips with the reason when the VM lab cannot run (or the
-    kernel image cannot be fetched), always takes the lab down."""
-    from orchestrator.lab import vm, vm_image
+def skip_unless_vm_lab_can_run() -> None:
+    """Skip with the reason when the VM lab cannot run here or its kernel image cannot be fetched."""
+    from orchestrator.lab import vm_image
 
     reason = vm_unavailable()
     if reason:
@@ -80,6 +78,15 @@ def vm_lab_up(tmp_path_factory, prefix: str, vm_roles: tuple[str, ...], timeout_
         vm_image.ensure_image(timeout_s=300)
     except vm_image.ImageError as exc:
         pytest.skip(f"no kernel image for the VM lab (apt download failed?): {exc}")
+
+
+def vm_lab_up(tmp_path_factory, prefix: str, vm_roles: tuple[str, ...], timeout_s: float = 240) -> Iterator[
+        tuple[dict, Path]]:
+    """Body of a module-scoped VM-lab fixture: skips with the reason when the VM lab cannot run (or the
+    kernel image cannot be fetched), always takes the lab down."""
+    from orchestrator.lab import vm
+
+    skip_unless_vm_lab_can_run()
     state_dir = tmp_path_factory.mktemp(prefix)
     try:
         inv = vm.up(state_dir, prefix, timeout_s=timeout_s, vm_roles=vm_roles)

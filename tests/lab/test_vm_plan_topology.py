@@ -11,21 +11,15 @@ from sqlalchemy import text
 from orchestrator.lab import netns
 from orchestrator.plan import load_plan
 from orchestrator.plan.model.topology import plan_graph
-from tests.lab.conftest import TEST_PREFIX, run_lab_plan, vm_unavailable
+from tests.lab.conftest import TEST_PREFIX, run_lab_plan, skip_unless_vm_lab_can_run
 from tests.lab.test_plan_topology import DUMBBELL
 
 
 @pytest.fixture
 def dumbbell_vm_lab(tmp_path) -> Iterator[tuple[Path, Path]]:
-    from orchestrator.lab import vm, vm_image
+    from orchestrator.lab import vm
 
-    reason = vm_unavailable()
-    if reason:
-        pytest.skip(reason)
-    try:
-        vm_image.ensure_image(timeout_s=300)
-    except vm_image.ImageError as exc:
-        pytest.skip(f"no kernel image for the VM lab: {exc}")
+    skip_unless_vm_lab_can_run()
     prefix, state_dir = f"{TEST_PREFIX}v", tmp_path / "labstate"
     plan_file = tmp_path / "dumbbell.yaml"
     plan_file.write_text(DUMBBELL)
