@@ -94,7 +94,9 @@ def test_hello_reports_the_guest_kernel_and_its_qdiscs(vm_lab):
     # `lab up` stepped the guest clock by the offset measured this very way (the RTC alone leaves it up
     # to a second off); the run engine flags a run (G-CLOCK) above 1 ms
     assert abs(inv["vm"]["guests"]["aqm"]["clock_offset_ns"]) < 1e6
-    assert abs(offset) < 1e6, f"guest clock offset {offset / 1e6:.2f} ms (rtt {rtt / 1e6:.2f} ms)"
+    # one exchange bounds the true offset only to within rtt/2 (NTP): the guest is shown more than 1 ms off
+    # only when the measured offset exceeds 1 ms by more than that (a TCG guest answered in 6 ms once)
+    assert abs(offset) - rtt / 2 < 1e6, f"guest clock offset {offset / 1e6:.2f} ms (rtt {rtt / 1e6:.2f} ms)"
 
 
 def _tx_packets(state_dir: Path, dev: str) -> int:
