@@ -18,6 +18,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from schemas.atomic import write_atomic
+
 JOURNAL_NAME = "host-baseline.json"
 _FORMAT = 1
 _MAX_JOURNAL_BYTES = 1 << 20
@@ -90,14 +92,7 @@ def current_boot_id() -> str:
 def save(path: Path, b: Baseline) -> None:
     """Atomically replace the journal (write a private temporary file, fsync, rename): a crash mid-write leaves
     the previous journal or the new one, never half of one."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        os.write(fd, to_json(b).encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    write_atomic(path, to_json(b), mode=0o600)
 
 
 def load(path: Path, boot_id: str) -> Baseline | None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from pydantic import ValidationError
 
 from orchestrator.inventory import Inventory
 from schemas import protocol
+from schemas.atomic import write_atomic
 
 CACHE_FILE = "capabilities.json"
 MAX_AGE_S = 3600.0
@@ -82,7 +82,4 @@ def record(results_dir: Path, role: str, agent: str, hello: protocol.HelloResult
     entries = load(results_dir)
     entries[role] = CachedHello(agent=agent, at=at, capabilities=hello.capabilities)
     results_dir.mkdir(parents=True, exist_ok=True)
-    path = cache_path(results_dir)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(render(entries))
-    tmp.replace(path)
+    write_atomic(cache_path(results_dir), render(entries))

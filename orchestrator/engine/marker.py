@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from schemas.atomic import write_atomic
+
 MARKER_FILE = "RUNNING"
 RUNNING, INGEST = "running", "ingest"
 
@@ -40,9 +42,7 @@ def write(run_dir: Path, phase: str, started_at: dt.datetime, hosts: list[str], 
     doc = {"phase": phase, "pid": os.getpid(), "started_at": started_at.isoformat(), "hosts": hosts,
            "plan": {k: (v.isoformat() if isinstance(v, dt.datetime) else v) for k, v in (plan or {}).items()}
            if plan else None}
-    tmp = run_dir / f".{MARKER_FILE}.tmp"
-    tmp.write_text(json.dumps(doc, indent=1))
-    os.replace(tmp, run_dir / MARKER_FILE)
+    write_atomic(run_dir / MARKER_FILE, json.dumps(doc, indent=1))
 
 
 def clear(run_dir: Path) -> None:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from orchestrator.lab.netns import AGENT_ARTIFACTS, inventory_path
+from schemas.atomic import write_atomic
 
 
 def agent_argv(role: str, host: dict, token_file: str, prefix: str) -> list[str]:
@@ -105,9 +106,7 @@ def main(state_dir: str) -> int:
                 restarts[role].append(now)
                 children[role] = subprocess.Popen(agents[role], stdin=subprocess.DEVNULL)
             known = {p.pid for p in children.values()}
-            tmp = agents_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps({r: p.pid for r, p in children.items()}))
-            tmp.replace(agents_file)
+            write_atomic(agents_file, json.dumps({r: p.pid for r, p in children.items()}))
     for p in children.values():
         if p.poll() is None:
             p.terminate()
