@@ -13,51 +13,35 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 console = Console(stderr=True)
+PROFILE_HELP = ("a testbed profile (experiments/profiles/): the kernels, rates and capture points the testbed uses "
+                "instead of the plan's; every run records it and each substitution (docs/profiles.md)")
 
 
 def cmd_lab(args: argparse.Namespace) -> int:
     from orchestrator.lab import netns, vm, vm_image
-    from orchestrator.lab.topology import lab_topology, netns_topology
-    from orchestrator.lab.vm_config import parse_vm_roles, plan_kernel_package
+    from orchestrator.lab.request import lab_request
     from orchestrator.plan import PlanError
 
-    if (args.kernel or args.vm_roles) and args.kind != "vm":
-        console.print("[red]--kernel and --vm-roles need --kind vm[/red]")
-        return 2
     if args.command and args.action != "exec":
         console.print(f"[red]unexpected arguments for lab {args.action}: {' '.join(args.command)}[/red]")
         return 2
-    kind = args.kind if args.action == "up" else vm.lab_kind()
+    if args.action != "up" and (args.kernel or args.vm_roles or args.profile or args.plan):
+        console.print(f"[red]--plan, --profile, --kernel and --vm-roles are for lab up, not lab {args.action}[/red]")
+        return 2
+    kind = vm.lab_kind()
     try:
-        if args.action == "up" and kind == "vm":
-            from orchestrator.plan import expand, load_plan
-            from orchestrator.plan.model.topology import plan_graph
-
-            plan = load_plan(args.plan) if args.plan else None
-            graph = plan_graph(plan.roles, plan.topology) if plan else None
-            topo = lab_topology(graph, netns.LAB_PREFIX) if graph else netns_topology(netns.LAB_PREFIX)
-            roles = parse_vm_roles(args.vm_roles or "aqm", topo)
-            kernel = args.kernel
-            if plan:
-                wanted = plan_kernel_package(plan.kernels, expand(plan), roles)
-                if kernel and wanted and kernel != wanted:
-                    raise netns.LabError(f"--kernel {kernel}, but {args.plan} asks for {wanted}")
-                kernel = kernel or wanted
-            inv = vm.up(kernel=kernel, vm_roles=roles, graph=graph)
-            v = inv["vm"]
-            console.print(f"lab up (vm): {', '.join(inv['hosts'])}; guests {', '.join(v['roles'])} run "
-                          f"{v['package']} ({v['release']}, {v['accel']}, {v['share']}), agents ready "
-                          f"{v.get('boot_s', '?')} s after start; inventory {netns.inventory_path()}")
-        elif args.action == "up":
-            from orchestrator.plan import load_plan
-            from orchestrator.plan.model.topology import plan_graph
-
-            graph = None
-            if args.plan:
-                plan = load_plan(args.plan)
-                graph = plan_graph(plan.roles, plan.topology)
-            inv = netns.up(graph=graph)
-            console.print(f"lab up: {', '.join(inv['hosts'])}; inventory {netns.inventory_path()}")
+        if args.action == "up":
+            req = lab_request(args.kind, args.plan, args.profile, args.kernel, args.vm_roles)
+            if req.kind == "vm":
+                inv = vm.up(kernel=vm_image.resolve_package(req.kernel) if req.kernel else None,
+                            vm_roles=req.vm_roles, graph=req.graph)
+                v = inv["vm"]
+                console.print(f"lab up (vm): {', '.join(inv['hosts'])}; guests {', '.join(v['roles'])} run "
+                              f"{v['package']} ({v['release']}, {v['accel']}, {v['share']}), agents ready "
+                              f"{v.get('boot_s', '?')} s after start; inventory {netns.inventory_path()}")
+            else:
+                inv = netns.up(graph=req.graph)
+                console.print(f"lab up: {', '.join(inv['hosts'])}; inventory {netns.inventory_path()}")
         elif args.action == "exec":
             return _lab_exec(kind, args.command)
         elif args.action == "down":
@@ -111,10 +95,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from orchestrator.plan import commands
 
     if args.action == "validate":
-        return commands.cmd_validate(args.file)
+        return commands.cmd_validate(args.file, profile=args.profile)
     if args.action == "expand":
-        return commands.cmd_expand(args.file, args.json)
-    return commands.cmd_table(args.file)
+        return commands.cmd_expand(args.file, args.json, profile=args.profile)
+    return commands.cmd_table(args.file, profile=args.profile)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -128,7 +112,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return asyncio.run(run_plan(args.plan, db_url=args.db, inventory=args.inventory,
                                     results=args.results, force=args.force, console=console,
                                     progress_factory=_progress, filters=filters, dry=args.dry_run,
-                                    refresh=args.refresh))
+                                    refresh=args.refresh, profile_path=args.profile))
     except InventoryError as exc:
         console.print(str(exc), markup=False, soft_wrap=True)
         return 2
@@ -229,13 +213,17 @@ def build_parser() -> argparse.ArgumentParser:
     lab = sub.add_parser("lab", help="the local lab: namespaces, or an aqm VM with namespace or VM endpoints")
     lab.add_argument("action", choices=["up", "down", "status", "exec"])
     lab.add_argument("--json", action="store_true")
-    lab.add_argument("--kind", choices=["netns", "vm"], default="netns",
-                     help="up: netns (host kernel) or vm (aqm is a QEMU guest); down/status follow the lab")
+    lab.add_argument("--kind", choices=["netns", "vm"], default=None,
+                     help="up: netns (host kernel; the default) or vm (aqm is a QEMU guest; the profile's kind with "
+                     "--profile); down/status follow the lab")
     lab.add_argument("--kernel", metavar="PACKAGE", default=None,
                      help="vm: Debian kernel package of the guests (default: newest linux-image-6.1.0-*-amd64)")
     lab.add_argument("--plan", metavar="FILE", type=Path, default=None,
                      help="build the plan's topology (its hosts and links); vm: also boot the Debian kernel "
                      "package the plan's kernel variants name for the guests (no switches yet)")
+    lab.add_argument("--profile", metavar="FILE", type=Path, default=None,
+                     help="with --plan: a testbed profile (experiments/profiles/) names the lab kind, the guests "
+                     "and the kernel they boot")
     lab.add_argument("--vm-roles", metavar="ROLES", default=None,
                      help="vm: which hosts are guests: aqm (default; the endpoints are namespaces), "
                           "e.g. aqm,server, or all (the senders then run the guest kernel: dctcp, ...)")
@@ -246,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("action", choices=["validate", "expand", "table"])
     plan.add_argument("file", type=Path)
     plan.add_argument("--json", action="store_true")
+    plan.add_argument("--profile", type=Path, default=None, help=PROFILE_HELP)
     plan.set_defaults(func=cmd_plan)
 
     run = sub.add_parser("run", help="run every run of a plan and ingest the results", epilog="exit codes: 0 every "
@@ -255,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--db", default=None, help="database URL (default $TCPLAB_DB or results/tcplab.db)")
     run.add_argument("--inventory", type=Path, default=None, help="default: the netns lab's inventory")
     run.add_argument("--results", type=Path, default=Path("results"))
+    run.add_argument("--profile", type=Path, default=None, help=PROFILE_HELP)
     run.add_argument("--force", action="store_true", help="rerun runs already complete in the DB")
     run.add_argument("--dry-run", action="store_true", help="print every selected run as runnable or refused "
                      "(with the reason) from the capabilities of the last hellos; touches no host, no database")

@@ -25,6 +25,7 @@ from orchestrator.engine.topology_match import topology_mismatch
 from orchestrator.inventory import load_inventory
 from orchestrator.lab.netns import inventory_path
 from orchestrator.plan import PlanError, expand, load_plan, plan_sha256
+from orchestrator.plan.checks.profile_loader import load_profile
 from orchestrator.storage.db import open_db
 from orchestrator.storage.writer import completed_run_ids
 
@@ -44,13 +45,14 @@ def summary_line(outcomes: list[RunOutcome], skipped: int) -> str:
 
 async def run_plan(plan_path: Path, db_url: str | None, inventory: Path | None, results: Path,
                    force: bool, console: Console, progress_factory, filters: RunFilter = RunFilter(),
-                   dry: bool = False, refresh: bool = False) -> int:
+                   dry: bool = False, refresh: bool = False, profile_path: Path | None = None) -> int:
     try:
+        profile = load_profile(profile_path) if profile_path is not None else None
         plan = load_plan(plan_path)
     except PlanError as exc:
         console.print(str(exc), markup=False)
         return 2
-    specs = run_order(expand(plan))
+    specs = run_order(expand(plan, profile=profile))
     if wrong := unknown_filter_values(specs, filters):
         console.print("\n".join(wrong), style="red", markup=False)
         return 2
@@ -59,6 +61,10 @@ async def run_plan(plan_path: Path, db_url: str | None, inventory: Path | None, 
                 "path": str(plan_path), "text": plan_path.read_text(),
                 "created_at": dt.datetime.now(dt.UTC)}
     inv = load_inventory(inventory or inventory_path())
+    if profile is not None and profile.testbed.kind != inv.kind:
+        console.print(f"cannot start: profile {profile.name} ({profile_path}) is for a {profile.testbed.kind} "
+                      f"testbed, the inventory is a {inv.kind} one", style="red", markup=False)
+        return 2
     mismatch = topology_mismatch(specs[0].testbed if specs else None, inv, plan_path)
     if mismatch:
         console.print(f"cannot start: {mismatch}", style="red", markup=False)

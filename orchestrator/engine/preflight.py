@@ -52,14 +52,18 @@ def check_runs(specs: list[RunSpec], caps: dict[str, protocol.Capabilities], inv
     return [check_run(s, caps, inv) for s in specs]
 
 
-def refused_row(v: Refused, plan_row: dict | None, tags: list[str], at) -> dict:
-    """The run row of a refused run: status `refused`, the reasons in `error`, no T0 (nothing ran)."""
-    spec = v.spec
+def spec_columns(spec: RunSpec, plan_row: dict | None, tags: list[str]) -> dict:
+    """The columns of a run row that come from the RunSpec (and its plan and testbed), whatever the outcome."""
     return {
         "run_id": spec.run_id, "plan_sha256": plan_row["plan_sha256"] if plan_row else None,
         "plan_name": spec.plan_name, "experiment": spec.experiment, "repetition": spec.repetition,
-        "seed": spec.seed, "status": REFUSED, "params": spec.params,
-        "derived": spec.derived.model_dump(mode="json"), "spec": spec.model_dump(mode="json"),
-        "tags": sorted(set(spec.tags) | set(tags)), "t0_ns": None, "duration_s": spec.duration_s,
-        "started_at": at, "finished_at": at, "error": v.error, "flags": [],
+        "seed": spec.seed, "params": spec.params, "derived": spec.derived.model_dump(mode="json"),
+        "spec": spec.model_dump(mode="json"), "tags": sorted(set(spec.tags) | set(tags)),
+        "profile": spec.profile.name if spec.profile else None, "duration_s": spec.duration_s,
     }
+
+
+def refused_row(v: Refused, plan_row: dict | None, tags: list[str], at) -> dict:
+    """The run row of a refused run: status `refused`, the reasons in `error`, no T0 (nothing ran)."""
+    return {**spec_columns(v.spec, plan_row, tags), "status": REFUSED, "t0_ns": None, "started_at": at,
+            "finished_at": at, "error": v.error, "flags": []}

@@ -265,15 +265,9 @@ class RunEngine:
         return outcome
 
     def run_row(self, spec: RunSpec, plan_row, t0, started, error, flags: list[Flag]) -> dict:
-        return {
-            "run_id": spec.run_id, "plan_sha256": plan_row["plan_sha256"] if plan_row else None,
-            "plan_name": spec.plan_name, "experiment": spec.experiment, "repetition": spec.repetition,
-            "seed": spec.seed, "status": "failed" if error else "complete", "params": spec.params,
-            "derived": spec.derived.model_dump(mode="json"), "spec": spec.model_dump(mode="json"),
-            "tags": sorted(set(spec.tags) | set(self.inv.tags)),
-            "t0_ns": t0, "duration_s": spec.duration_s, "started_at": started, "finished_at": _now(),
-            "error": error, "flags": [f.stored() for f in flags],
-        }
+        return {**preflight.spec_columns(spec, plan_row, list(self.inv.tags)),
+                "status": "failed" if error else "complete", "t0_ns": t0, "started_at": started,
+                "finished_at": _now(), "error": error, "flags": [f.stored() for f in flags]}
 
     def flow_rows(self, spec: RunSpec, run_dir: Path | None) -> list[dict]:
         ports = sender_ports(run_dir, spec) if run_dir else {}

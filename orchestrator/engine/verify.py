@@ -6,6 +6,7 @@ parameter is compared with what the kernel reports, and each mismatch is named.
 from __future__ import annotations
 
 from orchestrator.plan import RunSpec
+from orchestrator.plan.model.kernels import release_matches
 from schemas import allowlist, protocol
 from schemas.flag import Flag
 from schemas.hoststate import HostState, InterfaceState
@@ -139,7 +140,7 @@ def capability_problems(spec: RunSpec, caps: dict[str, protocol.Capabilities]) -
         if c is None:
             problems.append(f"host {role}: not in the testbed")
             continue
-        if hp.kernel is not None and hp.kernel.release not in (None, c.kernel_release):
+        if hp.kernel is not None and not release_matches(hp.kernel.release, c.kernel_release):
             problems.append(f"host {role} runs kernel {c.kernel_release}, the plan needs variant "
                             f"{hp.kernel.name} (release {hp.kernel.release})")
         for chain in hp.qdiscs.values():

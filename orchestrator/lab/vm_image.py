@@ -18,6 +18,7 @@ from pathlib import Path
 
 from orchestrator.lab.vm_recipe import (
     BUSYBOX,
+    DEFAULT_SERIES,
     ImageError,
     KernelImage,
     apt_download_argv,
@@ -30,7 +31,7 @@ from orchestrator.lab.vm_recipe import (
     initramfs_entries,
     initramfs_name,
     load_order,
-    newest_package,
+    newest_matching,
     one_release,
     parse_modules_dep,
     share_for_config,
@@ -62,14 +63,22 @@ def _cached_versions(package: str) -> list[Path]:
 
 def default_package() -> str:
     """The newest linux-image-6.1.0-N-amd64 apt knows, else the newest one in the cache."""
+    return resolve_package(f"linux-image-{DEFAULT_SERIES}-*-amd64")
+
+
+def resolve_package(pattern: str) -> str:
+    """The package a name with one `*` for the ABI number (a profile's `linux-image-6.1.0-*-amd64`) means: the
+    newest apt knows, else the newest cached (offline). A name without `*` is itself."""
+    if "*" not in pattern:
+        return pattern
     try:
         names = _run(apt_pkgnames_argv(), timeout=60).split()
     except ImageError:
         names = []
-    found = newest_package(names) or newest_package(p.name for p in CACHE_ROOT.glob("linux-image-*"))
+    found = newest_matching(names, pattern) or newest_matching((p.name for p in CACHE_ROOT.glob("linux-image-*")),
+                                                                pattern)
     if not found:
-        raise ImageError("no linux-image-6.1.0-*-amd64 package known to apt (run apt-get update) or cached "
-                         f"in {CACHE_ROOT}")
+        raise ImageError(f"no {pattern} package known to apt (run apt-get update) or cached in {CACHE_ROOT}")
     return found
 
 

@@ -72,9 +72,18 @@ def check_package(name: str) -> str:
 
 def newest_package(names: Iterable[str], series: str = DEFAULT_SERIES, flavour: str = "amd64") -> str | None:
     """Newest `linux-image-<series>-N-<flavour>` among package names (by ABI number N)."""
+    return newest_matching(names, f"linux-image-{series}-*-{flavour}")
+
+
+def newest_matching(names: Iterable[str], pattern: str) -> str | None:
+    """The package among `names` that `pattern` names: itself when it has no `*`, else the one whose digits
+    at the `*` (the ABI number) are the largest."""
+    if "*" not in pattern:
+        return pattern if pattern in {n.strip() for n in names} else None
+    head, _, tail = pattern.partition("*")
     best: tuple[int, str] | None = None
     for name in names:
-        m = re.fullmatch(rf"linux-image-{re.escape(series)}-(\d+)-{re.escape(flavour)}", name.strip())
+        m = re.fullmatch(re.escape(head) + r"(\d+)" + re.escape(tail), name.strip())
         if m and (best is None or int(m.group(1)) > best[0]):
             best = (int(m.group(1)), name.strip())
     return best[1] if best else None

@@ -14,11 +14,14 @@ from typing import Any, TextIO
 
 from orchestrator.plan.checks.errors import Issue, PlanError
 from orchestrator.plan.checks.loader import load_plan, plan_sha256
+from orchestrator.plan.checks.profile_loader import load_profile
 from orchestrator.plan.expansion.runs import expand
 from orchestrator.plan.expansion.runspec import RunSpec
 from orchestrator.plan.expansion.table import render, study_table
+from orchestrator.plan.model.profile import Profile
 
 EXIT_OK, EXIT_INVALID, EXIT_INTERNAL = 0, 2, 70   # 70: EX_SOFTWARE, a bug in tcplab, not in the plan
+PROFILE_HELP = "a testbed profile (experiments/profiles/) adapting the plan's kernels, rates and captures"
 
 
 def _guarded(path: str | Path, body: Callable[[], None], err: TextIO) -> int:
@@ -39,17 +42,25 @@ def _guarded(path: str | Path, body: Callable[[], None], err: TextIO) -> int:
     return EXIT_OK
 
 
-def cmd_validate(path: str | Path, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """Check a plan; print a one-line summary, or every problem as FILE:LINE:COL: path: message."""
+def _profile(profile: str | Path | None) -> Profile | None:
+    return load_profile(profile) if profile is not None else None
+
+
+def cmd_validate(path: str | Path, out: TextIO | None = None, err: TextIO | None = None,
+                 profile: str | Path | None = None) -> int:
+    """Check a plan (and a profile); print a one-line summary, or every problem as FILE:LINE:COL: path: message."""
     out, err = out or sys.stdout, err or sys.stderr
 
     def body() -> None:
+        prof = _profile(profile)
         plan = load_plan(path)
-        runs = expand(plan)
+        runs = expand(plan, profile=prof)
         cells = len({r.run_id.rsplit("-r", 1)[0] for r in runs})
+        adapted = f", adapted by profile {prof.name} (rates x{runs[0].profile.scale_factor:.6g})" if prof and runs \
+            and runs[0].profile else ""
         print(f"{path}: ok: plan {plan.name}, {len(runs)} runs in {cells} cells, "
-              f"sha256 {plan_sha256(path)[:16]}", file=out)
-    return _guarded(path, body, err)
+              f"sha256 {plan_sha256(path)[:16]}{adapted}", file=out)
+    return _guarded(profile or path, body, err)
 
 
 def run_summary(run: RunSpec) -> str:
@@ -57,29 +68,52 @@ def run_summary(run: RunSpec) -> str:
     return f"{run.run_id}  {params}".rstrip()
 
 
+def substitution_lines(runs: list[RunSpec]) -> list[str]:
+    """A profile's changes, for `plan expand`: the kernel substitutions once (they are the plan's), then the
+    changes of each run under its summary line (adapted_summary)."""
+    if not runs or runs[0].profile is None:
+        return []
+    p = runs[0].profile
+    kernels = {s.field: s for r in runs for s in r.substitutions if s.kind == "kernel"}
+    lines = [f"# profile {p.name} (sha256 {p.sha256}): rates x{p.scale_factor:.6g}"]
+    lines += [f"# {s.field}: {s.was} -> {s.now}" + (f" ({s.why})" if s.why else "") for s in kernels.values()]
+    return lines
+
+
+def adapted_summary(run: RunSpec) -> str:
+    """The run's summary line, and its own substitutions (rates, times, captures) as `field was->now`."""
+    own = [f"{s.field} {s.was}->{s.now}" for s in run.substitutions if s.kind != "kernel" and s.was != s.now]
+    return run_summary(run) + ("\n    " + ", ".join(own) if own else "")
+
+
 def cmd_expand(path: str | Path, as_json: bool = False, out: TextIO | None = None,
-               err: TextIO | None = None) -> int:
-    """Print every run: one summary line each, or (`as_json`) a JSON list of full RunSpecs."""
+               err: TextIO | None = None, profile: str | Path | None = None) -> int:
+    """Print every run: one summary line each (with a profile: the substitutions it made), or (`as_json`) a
+    JSON list of full RunSpecs."""
     out, err = out or sys.stdout, err or sys.stderr
 
     def body() -> None:
-        runs = expand(load_plan(path))
+        runs = expand(load_plan(path), profile=_profile(profile))
         if as_json:
             json.dump([r.model_dump(mode="json") for r in runs], out, indent=2)
             out.write("\n")
         else:
+            for line in substitution_lines(runs):
+                print(line, file=out)
             for r in runs:
-                print(run_summary(r), file=out)
-    return _guarded(path, body, err)
+                print(adapted_summary(r), file=out)
+    return _guarded(profile or path, body, err)
 
 
-def cmd_table(path: str | Path, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """Print the plan as the study's parameter table: rows = parameters (derived included), columns =
-    experiments."""
+def cmd_table(path: str | Path, out: TextIO | None = None, err: TextIO | None = None,
+              profile: str | Path | None = None) -> int:
+    """Print the plan as the study's parameter table: rows = parameters (derived included, with a profile the
+    adapted run's), columns = experiments."""
     out, err = out or sys.stdout, err or sys.stderr
 
     def body() -> None:
-        runs = expand(load_plan(path), order="cells")  # the table follows the plan, not the run order
+        # the table follows the plan, not the run order
+        runs = expand(load_plan(path), order="cells", profile=_profile(profile))
         print(render(*study_table(runs)), file=out)
     return _guarded(path, body, err)
 
@@ -88,20 +122,21 @@ def add_parser(sub: Any) -> None:
     """Add `plan {validate,expand,table}` to an argparse subparsers object (for the top-level CLI)."""
     plan = sub.add_parser("plan", help="check and expand experiment plans")
     cmds = plan.add_subparsers(dest="plan_cmd", required=True)
-    cmds.add_parser("validate", help="check a plan; list every problem").add_argument("file")
+    va = cmds.add_parser("validate", help="check a plan; list every problem")
     ex = cmds.add_parser("expand", help="list the runs of a plan")
-    ex.add_argument("file")
     ex.add_argument("--json", action="store_true", help="print full run specs as a JSON list")
-    cmds.add_parser("table", help="the study-style table: rows = parameters, columns = experiments"
-                     ).add_argument("file")
+    ta = cmds.add_parser("table", help="the study-style table: rows = parameters, columns = experiments")
+    for p in (va, ex, ta):
+        p.add_argument("file")
+        p.add_argument("--profile", default=None, help=PROFILE_HELP)
 
 
 def dispatch(args: argparse.Namespace) -> int:
     if args.plan_cmd == "validate":
-        return cmd_validate(args.file)
+        return cmd_validate(args.file, profile=args.profile)
     if args.plan_cmd == "expand":
-        return cmd_expand(args.file, args.json)
-    return cmd_table(args.file)
+        return cmd_expand(args.file, args.json, profile=args.profile)
+    return cmd_table(args.file, profile=args.profile)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

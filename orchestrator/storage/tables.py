@@ -50,6 +50,7 @@ run = Table(
     Column("derived", JSON, nullable=False),
     Column("spec", JSON, nullable=False),                  # the whole RunSpec
     Column("tags", JSON, nullable=False),                  # e.g. ["smoke"] for netns/VM labs (G-VM)
+    Column("profile", String(64), nullable=True),          # the testbed profile the run was adapted with
     Column("t0_ns", BigInteger, nullable=True),
     Column("duration_s", Float, nullable=False),
     Column("started_at", DateTime(timezone=True), nullable=True),

@@ -31,7 +31,7 @@ def test_migrated_schema_equals_metadata(engine) -> None:
         ctx = MigrationContext.configure(conn, opts={"compare_type": True, "compare_server_default": True})
         diff = compare_metadata(ctx, tables.metadata)
     assert diff == []
-    assert current_revision(engine) == head_revision() == "0005"
+    assert current_revision(engine) == head_revision() == "0006"
     names = set(inspect(engine).get_table_names())
     assert names == set(tables.metadata.tables) | {"alembic_version"}
 
@@ -225,3 +225,21 @@ def test_flag_lines_become_objects_and_back(engine) -> None:
         back = conn.execute(text("SELECT flags FROM run")).scalar_one()
         command.upgrade(alembic_config(conn), "head")
     assert (json.loads(back) if isinstance(back, str) else back)[:2] == LINES[:2]
+
+
+def test_runs_stored_before_profiles_keep_their_rows_and_read_no_profile(engine) -> None:
+    """Migration 0006 adds run.profile: a run stored at 0005 survives the upgrade with profile NULL, and a
+    downgrade drops the column without losing the run."""
+    with engine.begin() as conn:
+        command.downgrade(alembic_config(conn), "0005")
+        conn.execute(tables.plan.insert(), plan_row())
+        conn.execute(text("INSERT INTO run (run_key, run_id, plan_sha256, plan_name, experiment, repetition, seed, "
+                          "status, params, derived, spec, tags, duration_s, flags) VALUES (1, 'r', :sha, 'p', 'e', "
+                          "0, 0, 'complete', '{}', '{}', '{}', '[]', 1.0, '[]')"), {"sha": plan_row()["plan_sha256"]})
+        command.upgrade(alembic_config(conn), "head")
+        assert conn.execute(text("SELECT run_id, profile FROM run")).one() == ("r", None)
+        conn.execute(text("UPDATE run SET profile = 'vm-lab'"))
+        command.downgrade(alembic_config(conn), "0005")
+        assert conn.execute(text("SELECT run_id FROM run")).scalar_one() == "r"
+        command.upgrade(alembic_config(conn), "head")
+        assert conn.execute(text("SELECT profile FROM run")).scalar_one() is None

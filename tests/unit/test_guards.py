@@ -9,6 +9,7 @@ import pytest
 from orchestrator.guards.clock import clock_findings
 from orchestrator.guards.pre_run import pre_run_findings, refusing
 from orchestrator.plan import expand, load_plan, load_plan_text
+from tests.support.shipped import STUDY_PLANS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -92,6 +93,6 @@ def test_clock_offsets() -> None:
     assert f.guard == "G-CLOCK" and f.host == "server" and "2500 us" in str(f)
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "experiments").rglob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", STUDY_PLANS, ids=lambda p: p.name)
 def test_shipped_plans_pass_their_guards(path: Path) -> None:
     assert [str(f) for r in expand(load_plan(path)) for f in refusing(r)] == []

@@ -24,11 +24,12 @@ from hypothesis import strategies as st
 
 from orchestrator.plan import PlanError, expand, load_plan_text
 from tests.support.docpaths import key_paths
+from tests.support.shipped import STUDY_PLANS
 
 ROOT = Path(__file__).resolve().parents[2]
 HANG_S = 10.0    # a case slower than this is a hang (the slowest valid case: ~0.9 s quiet, ~2 s on a loaded machine)
 STUCK_S = 20.0   # ... and one this slow is stopped, so a real hang fails the test instead of stalling it
-PLAN_FILES = [*sorted((ROOT / "tests" / "plans").glob("good_*.yaml")), *sorted((ROOT / "experiments").rglob("*.yaml"))]
+PLAN_FILES = [*sorted((ROOT / "tests" / "plans").glob("good_*.yaml")), *STUDY_PLANS]
 
 
 def _small(doc: Any) -> Any:

@@ -10,7 +10,8 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
-from orchestrator.plan.model.schema import SCHEMA_PATH, plan_schema, render
+from orchestrator.plan.model.schema import PROFILE_SCHEMA_PATH, SCHEMA_PATH, plan_schema, profile_schema, render
+from tests.support.shipped import PROFILES
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD_PLANS = [ROOT / "experiments" / "quickstart.yaml", *sorted((ROOT / "tests" / "plans").glob("good_*.yaml"))]
@@ -19,6 +20,17 @@ GOOD_PLANS = [ROOT / "experiments" / "quickstart.yaml", *sorted((ROOT / "tests" 
 def test_schema_file_matches_the_model() -> None:
     assert SCHEMA_PATH.read_text(encoding="utf-8") == render(plan_schema()), (
         "schemas/plan.schema.json is stale: run `python -m orchestrator.plan.model.schema`")
+    assert PROFILE_SCHEMA_PATH.read_text(encoding="utf-8") == render(profile_schema()), (
+        "schemas/profile.schema.json is stale: run `python -m orchestrator.plan.model.schema`")
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.name)
+def test_profile_schema_documents_every_field_and_accepts_the_shipped_profiles(profile: Path) -> None:
+    schema = json.loads(PROFILE_SCHEMA_PATH.read_text(encoding="utf-8"))
+    for name, prop in _properties(schema):
+        assert prop.get("description") and prop.get("examples"), name
+    errors = [e.message for e in Draft202012Validator(schema).iter_errors(yaml.safe_load(profile.read_text()))]
+    assert errors == []
 
 
 def _properties(schema: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:

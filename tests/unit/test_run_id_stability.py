@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from orchestrator.plan import expand, load_plan
+from tests.support.shipped import STUDY_PLANS
 
 ROOT = Path(__file__).resolve().parents[2]
 PINNED = json.loads((ROOT / "tests/fixtures/plans/run_ids.json").read_text())
 
 
 def test_every_plan_is_pinned():
-    plans = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "experiments").rglob("*.yaml")
-                   if "profiles" not in p.parts)
+    plans = sorted(str(p.relative_to(ROOT)) for p in STUDY_PLANS)
     assert plans == sorted(PINNED)
 
 

@@ -14,9 +14,10 @@ import yaml
 from orchestrator.plan import RunSpec, expand, load_plan
 from orchestrator.plan.commands import cmd_table
 from schemas.hoststate import Htb, Netem, Red
+from tests.support.shipped import STUDY_PLANS
 
 ROOT = Path(__file__).resolve().parents[2]
-PLANS = sorted((ROOT / "experiments").rglob("*.yaml"))
+PLANS = STUDY_PLANS
 LSAIMD = ROOT / "experiments" / "lsaimd" / "table-5-1.yaml"
 
 # the LS-AIMD study's experiment matrix, transcribed: rate Mbit/s, base RTT us, MTU, flows, flow duration s, target us

@@ -51,13 +51,15 @@ def instantiate(cell: Cell, template_doc: Any) -> RunTemplate:
     return RunTemplate.model_validate(template_document(cell, template_doc))
 
 
-def run_key(plan: Plan, cell: Cell, run: RunTemplate) -> str:
+def run_key(plan: Plan, cell: Cell, run: RunTemplate, profile_sha: str | None = None) -> str:
     """The hash part of a run id: the whole instantiated run, not only the varied values, so an id names
-    one configuration for good."""
+    one configuration for good; a run a testbed profile adapted also hashes the profile (its kernels)."""
     # a stated topology is part of the run; the default one is not hashed, so it keeps the ids plans had
     # before topologies could be stated (it follows from the roles, which are hashed)
     stated = {"topology": plan.topology} if plan.topology is not None else {}
-    return digest({"experiment": cell.experiment, "arm": cell.arm, "roles": plan.roles, "run": run, **stated})
+    adapted = {"profile": profile_sha} if profile_sha is not None else {}
+    return digest({"experiment": cell.experiment, "arm": cell.arm, "roles": plan.roles, "run": run, **stated,
+                   **adapted})
 
 
 def instantiate_all(plan: Plan) -> list[CellRun]:

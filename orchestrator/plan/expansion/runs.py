@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from orchestrator.plan.expansion.adapt import Adaptation, adaptation
 from orchestrator.plan.expansion.build import (
     ack_policy_spec,
     analysis_spec,
@@ -19,15 +20,17 @@ from orchestrator.plan.expansion.build import (
     event_specs,
     flow_specs,
     host_specs,
+    merged_host_section,
     qdisc_stat_links,
     ss_interval_ms,
 )
 from orchestrator.plan.expansion.derive import derived_values
-from orchestrator.plan.expansion.instantiate import CellRun, instantiate_all
+from orchestrator.plan.expansion.instantiate import CellRun, instantiate_all, run_key
 from orchestrator.plan.expansion.matrix import all_assignments, param_name
-from orchestrator.plan.expansion.runspec import RunSpec, TopologySpec
+from orchestrator.plan.expansion.runspec import ProfileRef, RunSpec, TopologySpec
 from orchestrator.plan.model.paths import KeyPath, get_in
 from orchestrator.plan.model.plan import Plan
+from orchestrator.plan.model.profile import Profile
 from orchestrator.plan.model.quantities import Quantity
 from orchestrator.plan.model.topology import plan_graph
 
@@ -82,19 +85,29 @@ def topology_spec(plan: Plan) -> TopologySpec | None:
     return TopologySpec(hosts=list(g.hosts), switches=list(g.switches), links=list(g.links))
 
 
-def _run_specs(plan: Plan, r: CellRun, varied: dict[str, KeyPath]) -> list[RunSpec]:
-    t = r.run
+def _run_specs(plan: Plan, r: CellRun, varied: dict[str, KeyPath], a: Adaptation | None) -> list[RunSpec]:
+    """The runs of one cell; with a profile, the cell's run adapted to the testbed (params stay the study's:
+    they name the cell; derived values, hosts and flows are the adapted run's, the substitutions say how)."""
+    t, key, extra = r.run, r.key, {}
+    if a is not None:
+        t, subs = a.run(r.run)
+        key = run_key(plan, r.cell, t, a.sha256)
+    hosts = host_specs(t, plan.roles, plan.kernels if a is None else a.kernels)
+    if a is not None:
+        named = {k for role in plan.roles if (k := merged_host_section(t.hosts, role).kernel) is not None}
+        extra = {"profile": ProfileRef(name=a.profile.name, sha256=a.sha256, scale_factor=a.factor),
+                 "substitutions": a.kernel_substitutions(named) + subs}
     stats, interval = qdisc_stat_links(t)
-    stem = "-".join([plan.name, r.cell.experiment] + ([r.cell.arm] if r.cell.arm else []) + [r.key])
+    stem = "-".join([plan.name, r.cell.experiment] + ([r.cell.arm] if r.cell.arm else []) + [key])
     common: dict[str, Any] = dict(
         plan_name=plan.name, experiment=r.cell.experiment, tags=list(plan.tags), cell=r.cell.index,
         params=run_params(plan, r, varied),
-        derived=derived_values(t), duration_s=t.duration.seconds, hosts=host_specs(t, plan.roles, plan.kernels),
+        derived=derived_values(t), duration_s=t.duration.seconds, hosts=hosts,
         topology=topology_spec(plan),
         flows=flow_specs(t), captures=capture_points(t), qdisc_stats=stats, qdisc_stats_interval_ms=interval,
         tcp_probe=t.tcp_probe, ss_interval_ms=ss_interval_ms(t), ack_policy=ack_policy_spec(t), events=event_specs(t),
-        analysis=analysis_spec(t), accept_guards=list(t.accept_guards))
-    return [RunSpec(run_id=f"{stem}-r{rep}", repetition=rep, seed=run_seed(plan, r.key, rep), **common)
+        analysis=analysis_spec(t), accept_guards=list(t.accept_guards), **extra)
+    return [RunSpec(run_id=f"{stem}-r{rep}", repetition=rep, seed=run_seed(plan, key, rep), **common)
             for rep in range(r.cell.repetitions)]
 
 
@@ -113,8 +126,12 @@ def order_runs(plan: Plan, per_cell: list[list[RunSpec]], order: str | None = No
     return out
 
 
-def expand(plan: Plan, *, order: Literal["cells", "rounds", "random"] | None = None) -> list[RunSpec]:
+def expand(plan: Plan, *, order: Literal["cells", "rounds", "random"] | None = None,
+           profile: Profile | None = None) -> list[RunSpec]:
     """Every run of a checked plan (from `load_plan`, `load_plan_text` or `check_plan`; it is not checked
-    again), in the plan's run order (or `order`)."""
+    again), in the plan's run order (or `order`), adapted to a testbed by `profile` if one is given."""
     varied = varied_fields(plan)
-    return order_runs(plan, [_run_specs(plan, r, varied) for r in instantiate_all(plan)], order)
+    cells = instantiate_all(plan)
+    a = None if profile is None else adaptation(profile, plan.kernels, [c.run for c in cells],
+                                                plan_graph(plan.roles, plan.topology))
+    return order_runs(plan, [_run_specs(plan, r, varied, a) for r in cells], order)

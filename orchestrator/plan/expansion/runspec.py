@@ -164,6 +164,24 @@ class Derived(_Strict):
         return out
 
 
+class Substitution(_Strict):
+    """One change a testbed profile made to the plan's run (expansion/adapt.py)."""
+
+    kind: Literal["kernel", "rate", "time", "capture"]
+    field: str = Field(description="what changed: `kernels.<variant>`, a run template field path, a capture point")
+    was: str
+    now: str
+    why: str = ""
+
+
+class ProfileRef(_Strict):
+    """The testbed profile a run was adapted with (docs/profiles.md)."""
+
+    name: str
+    sha256: str = Field(description="digest of what the profile does (its description aside)")
+    scale_factor: float = Field(1.0, description="the factor every rate of the plan was multiplied by")
+
+
 class TopologySpec(_Strict):
     """The testbed the run needs: the plan's `topology:` or the default its roles give (model/topology.py)."""
 
@@ -197,6 +215,10 @@ class RunSpec(_Strict):
     events: list[EventSpec] = Field(default_factory=list)
     analysis: AnalysisSpec = AnalysisSpec()
     accept_guards: list[str] = Field(default_factory=list, description="guards this run may trip (recorded)")
+    profile: ProfileRef | None = Field(default=None, description="the testbed profile the run was adapted with "
+                                       "(left out of the JSON without one)")
+    substitutions: list[Substitution] = Field(default_factory=list, description="every change the profile made "
+                                              "to this run (left out of the JSON when none)")
 
     @property
     def senders(self) -> list[str]:
@@ -211,8 +233,11 @@ class RunSpec(_Strict):
         return TopologySpec(hosts=list(self.hosts), switches=list(switches), links=list(links))
 
     @model_serializer(mode="wrap")
-    def _stated_topology_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _stated_values_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Fields added after runs were stored are left out while unset: stored specs read and write back
+        unchanged."""
         out = handler(self)
-        if out.get("topology", True) is None:
-            del out["topology"]
+        for name, unset in (("topology", None), ("profile", None), ("substitutions", [])):
+            if out.get(name, unset) == unset and name in out:
+                del out[name]
         return out

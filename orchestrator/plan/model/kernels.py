@@ -14,16 +14,31 @@ from pydantic import model_validator
 
 from orchestrator.plan.model.fields import Strict, _f
 
+# Debian's kernel source packages (linux-source-6.1 holds a tarball of the tree Debian builds from)
+SOURCE_PACKAGE = r"^linux-source-[0-9]+\.[0-9]+$"
+# A Debian kernel image package; one `*` may stand for the ABI number (`linux-image-6.1.0-*-amd64`): the
+# newest the testbed's apt knows, as a profile names it (the run records the release it ran)
+IMAGE_PACKAGE = r"^linux-image-[0-9][A-Za-z0-9.+~-]*(\*[A-Za-z0-9.+~-]*)?$"
+HASH_SKIP_IF_NONE = ("package",)   # source fields added after plans had results: out of the hash while unset
+
 
 class KernelSource(Strict):
-    git: str = _f(..., "repository URL or local path of the kernel source", "https://git.kernel.org/pub/scm/"
-                  "linux/kernel/git/stable/linux.git")
-    ref: str = _f(..., "tag or commit to build", "v5.0")
+    git: str | None = _f(None, "repository URL or local path of the kernel source (with `ref`)",
+                         "https://git.kernel.org/pub/scm/linux/kernel/git/stable/linux.git")
+    ref: str | None = _f(None, "tag or commit to build (with `git`)", "v5.0")
+    package: str | None = _f(None, "a Debian kernel source package instead of a git tree", "linux-source-6.1",
+                             pattern=SOURCE_PACKAGE)
     patches: list[str] = _f([], "patch files applied in order (paths relative to the plan)",
                             ["patches/lsaimd/0001-fractional-cwnd.patch"])
     config: list[str] = _f([], "config fragments merged into the distribution config",
                            ["configs/tcp-modules.config"])
     localversion: str = _f("", "appended to the release (uname -r)", "-lsaimd")
+
+    @model_validator(mode="after")
+    def _one_tree(self) -> KernelSource:
+        if (self.package is None) == (self.git is None) or (self.git is None) != (self.ref is None):
+            raise ValueError("give either `git` and `ref` (a git tree) or `package` (a Debian source package)")
+        return self
 
 
 class KernelVariant(Strict):
@@ -32,8 +47,9 @@ class KernelVariant(Strict):
     description: str = _f("", "what the variant is", "LS-AIMD stack patch on 5.0.0")
     vanilla: bool = _f(..., "true only for an unmodified upstream/distribution kernel with stock modules "
                        "(G-BASELINE: every campaign needs one)", True)
-    package: str | None = _f(None, "a distribution kernel package (Debian: linux-image-<release>)",
-                             "linux-image-6.1.0-28-cloud-amd64")
+    package: str | None = _f(None, "a distribution kernel package (Debian: linux-image-<release>; one `*` may "
+                             "stand for the ABI number: the newest the testbed knows)",
+                             "linux-image-6.1.0-28-cloud-amd64", pattern=IMAGE_PACKAGE)
     source: KernelSource | None = _f(None, "a source build", {"git": "https://example.org/linux.git",
                                                               "ref": "v5.0"})
     modules: list[str] = _f([], "out-of-tree module sources built against the variant",
@@ -53,6 +69,25 @@ class KernelVariant(Strict):
         m = re.fullmatch(r"linux-image-(.+)", self.package or "")
         return m.group(1) if m else None
 
+    @property
+    def patched(self) -> bool:
+        """Built with patches or config fragments of its own (so only a source build can carry it)."""
+        return self.source is not None and bool(self.source.patches or self.source.config)
+
     def content_hash(self) -> str:
         """Hash of what the variant is made of (the name is only a label)."""
-        return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+        doc = self.model_dump(mode="json")
+        if doc.get("source"):
+            doc["source"] = {k: v for k, v in doc["source"].items() if v is not None or k not in HASH_SKIP_IF_NONE}
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def release_matches(expected: str | None, actual: str) -> bool:
+    """A host's `uname -r` against a variant's expected release (None: any; `*`: the ABI number of a
+    package pattern, digits only)."""
+    if expected is None:
+        return True
+    if "*" not in expected:
+        return expected == actual
+    head, _, tail = expected.partition("*")
+    return re.fullmatch(re.escape(head) + r"[0-9]+" + re.escape(tail), actual) is not None

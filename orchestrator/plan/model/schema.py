@@ -1,7 +1,8 @@
-"""The plan JSON Schema, generated from the pydantic plan model (the single source).
+"""The plan and testbed-profile JSON Schemas, generated from their pydantic models (the single source).
 
-`python -m orchestrator.plan.model.schema` writes `schemas/plan.schema.json`; a unit test fails if the file
-and the model drift apart. Every field carries a description and an example, and quantities their unit.
+`python -m orchestrator.plan.model.schema` writes `schemas/plan.schema.json` and
+`schemas/profile.schema.json`; a unit test fails if a file and its model drift apart. Every field carries a
+description and an example, and quantities their unit.
 """
 from __future__ import annotations
 
@@ -9,16 +10,30 @@ import json
 from pathlib import Path
 from typing import Any
 
-from orchestrator.plan.model.plan import Plan
+from pydantic import BaseModel
 
-SCHEMA_PATH = Path(__file__).resolve().parents[3] / "schemas" / "plan.schema.json"
+from orchestrator.plan.model.plan import Plan
+from orchestrator.plan.model.profile import Profile
+
+SCHEMA_DIR = Path(__file__).resolve().parents[3] / "schemas"
+SCHEMA_PATH = SCHEMA_DIR / "plan.schema.json"
+PROFILE_SCHEMA_PATH = SCHEMA_DIR / "profile.schema.json"
 SCHEMA_ID = "https://tcplab.invalid/schemas/plan.schema.json"
 
 
+def _schema(model: type[BaseModel], name: str, title: str) -> dict[str, Any]:
+    schema = model.model_json_schema()
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$id": f"https://tcplab.invalid/schemas/{name}", "title": title,
+            **{k: v for k, v in schema.items() if k != "title"}}
+
+
 def plan_schema() -> dict[str, Any]:
-    schema = Plan.model_json_schema()
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": SCHEMA_ID,
-            "title": "tcplab plan", **{k: v for k, v in schema.items() if k != "title"}}
+    return _schema(Plan, SCHEMA_PATH.name, "tcplab plan")
+
+
+def profile_schema() -> dict[str, Any]:
+    return _schema(Profile, PROFILE_SCHEMA_PATH.name, "tcplab testbed profile")
 
 
 def render(schema: dict[str, Any]) -> str:
@@ -26,8 +41,9 @@ def render(schema: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    SCHEMA_PATH.write_text(render(plan_schema()), encoding="utf-8")
-    print(f"wrote {SCHEMA_PATH}")
+    for path, schema in ((SCHEMA_PATH, plan_schema()), (PROFILE_SCHEMA_PATH, profile_schema())):
+        path.write_text(render(schema), encoding="utf-8")
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,81 @@
+"""What `tcplab lab up` is asked to build (pure but for loading files): the lab kind, the plan's topology,
+which hosts are guests and the kernel package they boot, from the command line, the plan and a testbed
+profile (docs/profiles.md). The command line wins where it says something; it must not contradict the
+profile or the plan."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.lab.netns import LAB_PREFIX, LabError
+from orchestrator.lab.topology import lab_topology, netns_topology
+from orchestrator.lab.vm_config import parse_vm_roles, plan_kernel_package
+from orchestrator.plan.model.profile import GUESTS_WITH_KERNEL, Profile
+from orchestrator.plan.model.topology import Graph
+
+DEFAULT_KIND = "netns"
+
+
+@dataclass(frozen=True)
+class LabRequest:
+    kind: str
+    graph: Graph | None           # None: the quickstart's chain
+    vm_roles: tuple[str, ...]     # the guests (vm); () for a netns lab
+    kernel: str | None            # a package, or a pattern with `*` (vm_image.resolve_package)
+
+
+def guests_of(profile: Profile, specs: list, roles: list[str]) -> str:
+    """The profile's guests for a plan as `--vm-roles` text; `with_kernel`: every role some run gives a kernel
+    variant, and the aqm. specs: the plan's RunSpecs under the profile."""
+    g = profile.testbed.guests
+    if g == "all":
+        return "all"
+    if g == GUESTS_WITH_KERNEL:
+        wanted = {r for s in specs for r, h in s.hosts.items() if h.kernel is not None} | {"aqm"}
+    else:
+        wanted = set(g)
+    chosen = [r for r in roles if r in wanted]
+    if not chosen:
+        raise LabError(f"profile {profile.name}: none of the guests it names ({', '.join(sorted(wanted))}) is a "
+                       f"host of the plan ({', '.join(roles)})")
+    return ",".join(chosen)
+
+
+def lab_request(kind: str | None, plan_path: Path | None, profile_path: Path | None, kernel: str | None,
+                vm_roles: str | None) -> LabRequest:
+    from orchestrator.plan import expand, load_plan
+    from orchestrator.plan.checks.profile_loader import load_profile
+    from orchestrator.plan.model.topology import plan_graph
+
+    profile = load_profile(profile_path) if profile_path else None
+    if profile is not None:
+        if profile.testbed.kind == "physical":
+            raise LabError(f"profile {profile.name} is for a physical testbed: `tcplab run --inventory "
+                           "inventory.ini --profile ...` on its hosts; `lab up` builds netns and vm labs")
+        if kind not in (None, profile.testbed.kind):
+            raise LabError(f"--kind {kind}, but profile {profile.name} is for a {profile.testbed.kind} lab")
+        kind = profile.testbed.kind
+    kind = kind or DEFAULT_KIND
+    if (kernel or vm_roles) and kind != "vm":
+        raise LabError("--kernel and --vm-roles need --kind vm")
+    if plan_path is None:
+        if profile is not None:
+            raise LabError("--profile adapts a plan: give --plan FILE too")
+        roles = parse_vm_roles(vm_roles or "aqm", netns_topology(LAB_PREFIX)) if kind == "vm" else ()
+        return LabRequest(kind, None, roles, kernel)
+    plan = load_plan(plan_path)
+    graph = plan_graph(plan.roles, plan.topology)
+    if kind != "vm":
+        return LabRequest(kind, graph, (), None)
+    specs = expand(plan, profile=profile)
+    topo = lab_topology(graph, LAB_PREFIX)
+    if profile is not None:
+        roles = parse_vm_roles(vm_roles or guests_of(profile, specs, list(plan.roles)), topo)
+        wanted = profile.testbed.kernel
+    else:
+        roles = parse_vm_roles(vm_roles or "aqm", topo)
+        wanted = plan_kernel_package(plan.kernels, specs, roles)
+    if kernel and wanted and kernel != wanted:
+        source = f"profile {profile.name}" if profile else str(plan_path)
+        raise LabError(f"--kernel {kernel}, but {source} asks for {wanted}")
+    return LabRequest(kind, graph, roles, kernel or wanted)

@@ -1,0 +1,129 @@
+"""Testbed profiles on real labs (docs/profiles.md).
+
+1. The netns lab under experiments/profiles/netns-lab.yaml: a plan asking for a 400 Mbit/s bottleneck and a
+   vanilla 5.9 kernel runs at 80 Mbit/s (factor 0.2) on the running kernel; the packets show 80 Mbit/s, and
+   the run row names the profile and every substitution.
+2. Every study plan under experiments/profiles/vm-lab.yaml, dry run on the VM lab each plan's topology and
+   guests ask for (three labs: the chain, the two-host pair, the Paced Chirping switch topology): no run is
+   refused for a role or the topology; every refusal names a missing kernel or mechanism.
+"""
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import re
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from rich.progress import Progress
+from sqlalchemy import text
+
+from analysis.summary import run_table
+from orchestrator.engine.dry_run import live_capabilities
+from orchestrator.engine.plan_run import run_plan
+from orchestrator.engine.preflight import Refused, check_runs
+from orchestrator.inventory import load_inventory
+from orchestrator.lab import netns
+from orchestrator.lab.request import lab_request
+from orchestrator.plan import expand, load_plan
+from orchestrator.plan.checks.profile_loader import load_profile
+from orchestrator.storage.db import open_db
+from tests.lab.conftest import TEST_PREFIX, one_flow_plan, skip_unless_vm_lab_can_run
+from tests.support.shipped import PROFILE_DIR, STUDY_PLANS
+
+# what a refusal may name: a kernel the host does not run or that is not built yet, or a mechanism (qdisc,
+# congestion control, tracepoint, agent feature) the host's kernel or agent lacks
+KERNEL = re.compile(r"host \w+ runs kernel \S+, the plan needs variant \S+|variant \S+ is a source build")
+MECHANISM = re.compile(r"lacks (qdisc|congestion control|tracepoint) \S+|needs the app-limited writer|"
+                       r"ack_policy mechanism \w+ is not applied|event \w+ at \S+ is not executed")
+TOPOLOGY = re.compile(r"not in the (inventory|testbed)|topology|no interface toward", re.I)
+
+
+def tcplab_run(plan: Path, inventory: Path, results: Path, db_url: str | None, **kw) -> tuple[int, str]:
+    out = io.StringIO()
+    rc = asyncio.run(run_plan(plan, db_url=db_url, inventory=inventory, results=results, force=False,
+                              console=Console(file=out, width=500, color_system=None),
+                              progress_factory=lambda: Progress(disable=True), **kw))
+    print(out.getvalue())
+    return rc, out.getvalue()
+
+
+def test_a_profiled_run_is_scaled_by_what_the_packets_show_and_records_the_profile(lab, tmp_path):
+    _, state_dir = lab
+    plan = tmp_path / "fast.yaml"
+    body = one_flow_plan("fast", "a 400 Mbit/s study on a 100 Mbit/s lab", duration="4s",
+                         hosts="    client: {kernel: vanilla-5.9}\n    server: {kernel: vanilla-5.9}\n")
+    plan.write_text(body.replace("rate: 20mbit", "rate: 400mbit").replace("limit: 30", "limit: 100")
+                    .replace("roles: [client, aqm, server]\n", "roles: [client, aqm, server]\nkernels:\n  "
+                             "vanilla-5.9: {vanilla: true, source: {git: https://example.org/linux.git, ref: v5.9}}\n"))
+    url = f"sqlite:///{tmp_path / 'lab.db'}"
+    rc, said = tcplab_run(plan, netns.inventory_path(state_dir), tmp_path / "results", url,
+                          profile_path=PROFILE_DIR / "netns-lab.yaml")
+    assert rc == 0, said
+    db = open_db(url)
+    with db.connect() as conn:
+        row = conn.execute(text("SELECT run_id, profile, spec FROM run")).one()
+    spec = json.loads(row.spec) if isinstance(row.spec, str) else row.spec
+    assert row.profile == "netns-lab" and spec["profile"]["scale_factor"] == 0.2
+    subs = {s["field"]: s for s in spec["substitutions"]}
+    assert subs["bottleneck.rate"]["was"] == "400mbit" and subs["bottleneck.rate"]["now"] == "80mbit"
+    assert subs["kernels.vanilla-5.9"]["now"].startswith("the kernel the host runs")
+    (summary,) = run_table(db, [row.run_id])
+    print(f"goodput {summary.goodput_bps / 1e6:.2f} Mbit/s at a configured {summary.rate_bit / 1e6:g} Mbit/s")
+    assert summary.rate_bit == 80_000_000
+    # htb at 80 Mbit/s: TCP goodput 80 x 1448/1514 = 76.5 Mbit/s; far below the plan's 400 and above 20
+    assert 70e6 < summary.goodput_bps < 80e6
+
+
+def _groups() -> dict[tuple, list[Path]]:
+    """Study plans by the VM lab they need under vm-lab.yaml: topology links, guests and kernel."""
+    out: dict[tuple, list[Path]] = defaultdict(list)
+    for path in STUDY_PLANS:
+        if path.parent.name in ("vm",) or path.name == "quickstart.yaml":
+            continue
+        req = lab_request(None, path, PROFILE_DIR / "vm-lab.yaml", None, None)
+        out[(req.graph, req.vm_roles, req.kernel)].append(path)
+    return out
+
+
+def test_every_study_plan_dry_runs_on_the_vm_lab_refused_only_for_kernels_or_mechanisms(tmp_path):
+    from orchestrator.lab import vm, vm_image
+
+    skip_unless_vm_lab_can_run()
+    profile = load_profile(PROFILE_DIR / "vm-lab.yaml")
+    counts: Counter = Counter()
+    reasons: Counter = Counter()
+    groups = _groups()
+    assert len(groups) == 3 and sum(len(p) for p in groups.values()) == 12
+    for i, ((graph, guests, kernel), plans) in enumerate(groups.items()):
+        prefix, state_dir = f"{TEST_PREFIX}p{i}", tmp_path / f"lab{i}"
+        try:
+            inv_doc = vm.up(state_dir, prefix, kernel=vm_image.resolve_package(kernel), timeout_s=420,
+                            vm_roles=guests, graph=graph)
+            print(f"\nvm lab {i}: hosts {', '.join(inv_doc['hosts'])}, guests {', '.join(inv_doc['vm']['roles'])} "
+                  f"({inv_doc['vm']['release']}), agents ready after {inv_doc['vm']['boot_s']} s")
+            inv = load_inventory(netns.inventory_path(state_dir))
+            caps = asyncio.run(live_capabilities(inv, tmp_path / f"results{i}"))
+            for path in plans:
+                verdicts = check_runs(expand(load_plan(path), profile=profile), caps, inv)
+                for v in verdicts:
+                    counts[(path.name, "refused" if isinstance(v, Refused) else "runnable")] += 1
+                    for reason in v.reasons if isinstance(v, Refused) else ():
+                        assert not TOPOLOGY.search(reason), f"{path}: {v.spec.run_id}: {reason}"
+                        assert KERNEL.search(reason) or MECHANISM.search(reason), f"{path}: {reason}"
+                        reasons[re.sub(r"\b(k|pc|tbtcp|aqm|vanilla|dctcp|lsaimd)[\w.+-]*", "…", reason)] += 1
+            # the command itself, from the cache the hellos above wrote: no agent contacted
+            rc, said = tcplab_run(plans[0], netns.inventory_path(state_dir), tmp_path / f"results{i}", None,
+                                  dry=True, profile_path=PROFILE_DIR / "vm-lab.yaml")
+            assert rc in (0, 3) and "no agent contacted" in said
+        finally:
+            vm.down(state_dir, prefix)
+            assert netns.lab_namespaces(prefix) == []
+    for key, n in sorted(counts.items()):
+        print(f"{key[0]}: {n} {key[1]}")
+    for reason, n in reasons.most_common(15):
+        print(f"{n:5d} x {reason}")
+    assert sum(counts.values()) == sum(len(expand(load_plan(p))) for ps in groups.values() for p in ps)
