@@ -16,7 +16,6 @@ import re
 from collections import Counter, defaultdict
 from pathlib import Path
 
-import pytest
 from rich.console import Console
 from rich.progress import Progress
 from sqlalchemy import text
