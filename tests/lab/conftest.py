@@ -97,9 +97,10 @@ def vm_lab_up(tmp_path_factory, prefix: str, vm_roles: tuple[str, ...], timeout_
         vm.down(state_dir, prefix)
 
 
-def run_plan_quietly(plan: Path, db_url: str, state_dir: Path, results: Path,
-                     force: bool = False) -> tuple[int, str]:
-    """`tcplab run PLAN` against the lab in state_dir; (exit code, console text)."""
+def tcplab_run(plan: Path, inventory: Path, results: Path, db_url: str | None, force: bool = False,
+               echo: bool = True, **kw) -> tuple[int, str]:
+    """`tcplab run PLAN` (keyword options of run_plan: dry, profile_path, filters, ...) against an inventory;
+    (exit code, console text), the text also printed unless `echo` is false."""
     import asyncio
     import io
 
@@ -109,10 +110,18 @@ def run_plan_quietly(plan: Path, db_url: str, state_dir: Path, results: Path,
     from orchestrator.engine.plan_run import run_plan
 
     out = io.StringIO()
-    rc = asyncio.run(run_plan(plan, db_url=db_url, inventory=netns.inventory_path(state_dir), results=results,
-                              force=force, console=Console(file=out, width=300, color_system=None),
-                              progress_factory=lambda: Progress(disable=True)))
+    rc = asyncio.run(run_plan(plan, db_url=db_url, inventory=inventory, results=results, force=force,
+                              console=Console(file=out, width=500, color_system=None),
+                              progress_factory=lambda: Progress(disable=True), **kw))
+    if echo:
+        print(out.getvalue())
     return rc, out.getvalue()
+
+
+def run_plan_quietly(plan: Path, db_url: str, state_dir: Path, results: Path,
+                     force: bool = False) -> tuple[int, str]:
+    """`tcplab run PLAN` against the lab in state_dir; (exit code, console text)."""
+    return tcplab_run(plan, netns.inventory_path(state_dir), results, db_url, force=force, echo=False)
 
 
 def run_lab_plan(plan: Path, state_dir: Path, tmp_path: Path, force: bool = False):

@@ -4,24 +4,18 @@ second dry run works from the capability cache alone, and a real run completes t
 as `refused` with its reason (exit code 3)."""
 from __future__ import annotations
 
-import asyncio
-import io
 import json
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
-from rich.console import Console
-from rich.progress import Progress
 from sqlalchemy import text
 
 from orchestrator.engine import capcache
-from orchestrator.engine.plan_run import run_plan
 from orchestrator.engine.selection import RunFilter
 from orchestrator.lab import netns
 from orchestrator.storage.db import open_db
-from tests.lab.conftest import TEST_PREFIX, one_flow_plan
+from tests.lab.conftest import TEST_PREFIX, one_flow_plan, tcplab_run
 
 EXPERIMENTS = """experiments:
   - name: fifo
@@ -38,15 +32,6 @@ def kernel_has(qdisc: str) -> bool:
                               capture_output=True).returncode == 0
     finally:
         subprocess.run(["ip", "netns", "del", ns], check=False)
-
-
-def tcplab_run(plan: Path, inventory: Path, results: Path, db_url: str, **kw) -> tuple[int, str]:
-    out = io.StringIO()
-    rc = asyncio.run(run_plan(plan, db_url=db_url, inventory=inventory, results=results, force=False,
-                              console=Console(file=out, width=400, color_system=None),
-                              progress_factory=lambda: Progress(disable=True), **kw))
-    print(out.getvalue())
-    return rc, out.getvalue()
 
 
 def aqm_view(inv) -> str:

@@ -10,19 +10,15 @@
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import re
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from rich.console import Console
-from rich.progress import Progress
 from sqlalchemy import text
 
 from analysis.summary import run_table
 from orchestrator.engine.dry_run import live_capabilities
-from orchestrator.engine.plan_run import run_plan
 from orchestrator.engine.preflight import Refused, check_runs
 from orchestrator.inventory import load_inventory
 from orchestrator.lab import netns
@@ -30,7 +26,7 @@ from orchestrator.lab.request import lab_request
 from orchestrator.plan import expand, load_plan
 from orchestrator.plan.checks.profile_loader import load_profile
 from orchestrator.storage.db import open_db
-from tests.lab.conftest import TEST_PREFIX, one_flow_plan, skip_unless_vm_lab_can_run
+from tests.lab.conftest import TEST_PREFIX, one_flow_plan, skip_unless_vm_lab_can_run, tcplab_run
 from tests.support.shipped import PROFILE_DIR, STUDY_PLANS
 
 # what a refusal may name: a kernel the host does not run or that is not built yet, or a mechanism (qdisc,
@@ -39,15 +35,6 @@ KERNEL = re.compile(r"host \w+ runs kernel \S+, the plan needs variant \S+|varia
 MECHANISM = re.compile(r"lacks (qdisc|congestion control|tracepoint) \S+|needs the app-limited writer|"
                        r"ack_policy mechanism \w+ is not applied|event \w+ at \S+ is not executed")
 TOPOLOGY = re.compile(r"not in the (inventory|testbed)|topology|no interface toward", re.I)
-
-
-def tcplab_run(plan: Path, inventory: Path, results: Path, db_url: str | None, **kw) -> tuple[int, str]:
-    out = io.StringIO()
-    rc = asyncio.run(run_plan(plan, db_url=db_url, inventory=inventory, results=results, force=False,
-                              console=Console(file=out, width=500, color_system=None),
-                              progress_factory=lambda: Progress(disable=True), **kw))
-    print(out.getvalue())
-    return rc, out.getvalue()
 
 
 def test_a_profiled_run_is_scaled_by_what_the_packets_show_and_records_the_profile(lab, tmp_path):
