@@ -235,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="vm: Debian kernel package of the guests (default: newest linux-image-6.1.0-*-amd64)")
     lab.add_argument("--plan", metavar="FILE", type=Path, default=None,
                      help="build the plan's topology (its hosts and links); vm: also boot the Debian kernel "
-                     "package the plan's kernel variants name for the guests (no switches yet)")
+                     "package the plan's kernel variants name for the guests")
     lab.add_argument("--vm-roles", metavar="ROLES", default=None,
                      help="vm: which hosts are guests: aqm (default; the endpoints are namespaces), "
                           "e.g. aqm,server, or all (the senders then run the guest kernel: dctcp, ...)")
