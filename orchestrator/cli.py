@@ -220,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="vm: Debian kernel package of the guests (default: newest linux-image-6.1.0-*-amd64)")
     lab.add_argument("--plan", metavar="FILE", type=Path, default=None,
                      help="build the plan's topology (its hosts and links); vm: also boot the Debian kernel "
-                     "package the plan's kernel variants name for the guests (no switches yet)")
+                     "package the plan's kernel variants name for the guests")
     lab.add_argument("--profile", metavar="FILE", type=Path, default=None,
                      help="with --plan: a testbed profile (experiments/profiles/) names the lab kind, the guests "
                      "and the kernel they boot")

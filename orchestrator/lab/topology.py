@@ -190,21 +190,31 @@ def route_argv(topo: Topology, roles: tuple[str, ...] | None = None) -> list[lis
             for role, subnet, via, dev in routes(topo) if roles is None or role in roles]
 
 
+def bridge_argv(topo: Topology) -> list[list[str]]:
+    """Each switch's bridge, up, in the switch's namespace."""
+    return [argv for sw in topo.switches for argv in (
+        ["ip", "-n", topo.namespace(sw), "link", "add", BRIDGE, "type", "bridge"],
+        ["ip", "-n", topo.namespace(sw), "link", "set", BRIDGE, "up"])]
+
+
+def wiring_argv(topo: Topology, nodes: tuple[str, ...] | None = None) -> list[list[str]]:
+    """A veth pair for every link between two of `nodes` (default: every host and switch; their namespaces
+    and bridges exist), then every endpoint of `nodes` addressed, or enslaved to its bridge, forwarding on
+    and routes. The VM lab passes its namespaces: their interfaces toward guests are taps it has made by then."""
+    nodes = topo.hosts + topo.switches if nodes is None else nodes
+    cmds = [["ip", "link", "add", link.a.ifname, "netns", topo.namespace(link.a.role), "type", "veth",
+             "peer", "name", link.b.ifname, "netns", topo.namespace(link.b.role)]
+            for link in topo.links if link.a.role in nodes and link.b.role in nodes]
+    cmds += [argv for link in topo.links for ep in (link.a, link.b) if ep.role in nodes
+             for argv in address_argv(topo, ep)]
+    cmds += [["ip", "netns", "exec", topo.namespace(r), "sysctl", "-qw", "net.ipv4.ip_forward=1"]
+             for r in topo.routers() if r in nodes]
+    return cmds + route_argv(topo, nodes)
+
+
 def build_argv(topo: Topology) -> list[list[str]]:
     """Every command that builds the lab, in order (neighbour entries need MACs: see neigh_argv)."""
-    cmds = namespace_argv(topo)
-    for sw in topo.switches:
-        ns = topo.namespace(sw)
-        cmds += [["ip", "-n", ns, "link", "add", BRIDGE, "type", "bridge"],
-                 ["ip", "-n", ns, "link", "set", BRIDGE, "up"]]
-    for link in topo.links:
-        a, b = link.a, link.b
-        cmds.append(["ip", "link", "add", a.ifname, "netns", topo.namespace(a.role), "type", "veth",
-                     "peer", "name", b.ifname, "netns", topo.namespace(b.role)])
-        cmds += address_argv(topo, a) + address_argv(topo, b)
-    cmds += [["ip", "netns", "exec", topo.namespace(r), "sysctl", "-qw", "net.ipv4.ip_forward=1"]
-             for r in topo.routers()]
-    return cmds + route_argv(topo)
+    return namespace_argv(topo) + bridge_argv(topo) + wiring_argv(topo)
 
 
 def neigh_argv(topo: Topology, macs: dict[tuple[str, str], str],

@@ -7,7 +7,8 @@ guests too when chosen, so that the senders run the guest kernel (dctcp, a patch
 How guests are wired and configured is data: orchestrator.lab.vm_config.
 - No data interface or address ever exists in the root namespace: a tap toward a namespace is created
   inside that namespace (vm_host.open_tap: its fd is opened after setns and handed to QEMU); guests talk
-  to each other over UNIX datagram sockets.
+  to each other over UNIX datagram sockets. A switch is a bridge in its own namespace as in the netns lab;
+  a guest's port on it is a tap born there and enslaved to the bridge.
 - Host files: each guest mounts the host's `/` read-only (9p, or virtiofs for kernels without 9p) and runs
   this repository's agent with this interpreter (orchestrator.lab.vm_guest is its PID 1), wherever both
   live: those under the guest's tmpfs mounts (a clone in /tmp) are kept visible at their own path.
@@ -31,12 +32,12 @@ from orchestrator.agent_client import AgentClient
 from orchestrator.lab import netns, vm_guest, vm_image, vm_recipe
 from orchestrator.lab.netns import LAB_PREFIX, STATE_DIR, LabError, inventory_path
 from orchestrator.lab.topology import (
-    address_argv,
+    bridge_argv,
     lab_topology,
     namespace_argv,
     neigh_argv,
     netns_topology,
-    route_argv,
+    wiring_argv,
 )
 from orchestrator.lab.vm_config import (
     EXEC_SOCKET,
@@ -46,6 +47,7 @@ from orchestrator.lab.vm_config import (
     guest_nics,
     kernel_cmdline,
     lab_macs,
+    namespace_nodes,
     paths_to_keep,
     qemu_argv,
     virtiofsd_argv,
@@ -80,28 +82,21 @@ def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, kernel: str | None
     image = vm_image.ensure_image(kernel)
     accel = choose_accel(image)
     ns_roles = tuple(r for r in topo.roles if r not in vm_roles)
+    nodes = namespace_nodes(topo, vm_roles)
     nics = {role: guest_nics(topo, role, vm_roles, state_dir) for role in vm_roles}
     fds: dict[tuple[str, str], int] = {}
     try:
-        for argv in namespace_argv(topo, ns_roles):
+        for argv in namespace_argv(topo, nodes) + bridge_argv(topo):
             procs.run(argv)
-        for role in vm_roles:  # each namespace's interface toward a guest is a tap born in that namespace
+        # each namespace's interface toward a guest (a host's, or a switch's port) is a tap born in that
+        # namespace, so that the wiring below addresses or enslaves it like the veth end it stands for
+        for role in vm_roles:
             for nic in nics[role]:
                 if nic.backend == "tap":
                     fds[(role, nic.ifname)] = open_tap(nic.namespace, nic.tap_ifname)
-        for link in topo.links:       # links between two namespaces are veth pairs, as in the netns lab
-            if link.a.role in ns_roles and link.b.role in ns_roles:
-                procs.run(["ip", "link", "add", link.a.ifname, "netns", topo.namespace(link.a.role), "type",
-                           "veth", "peer", "name", link.b.ifname, "netns", topo.namespace(link.b.role)])
-        for role in topo.routers():
-            if role in ns_roles:
-                procs.run(["ip", "netns", "exec", topo.namespace(role), "sysctl", "-qw", "net.ipv4.ip_forward=1"])
-        ns_ends = [ep for r in ns_roles for ep in topo.endpoints(r)]
-        for ep in ns_ends:
-            for argv in address_argv(topo, ep):
-                procs.run(argv)
-        for argv in route_argv(topo, ns_roles):
+        for argv in wiring_argv(topo, nodes):
             procs.run(argv)
+        ns_ends = [ep for r in ns_roles for ep in topo.endpoints(r)]
         macs = lab_macs(topo, vm_roles, {(ep.role, ep.ifname): netns.link_mac(topo.namespace(ep.role), ep.ifname)
                                          for ep in ns_ends})
         for argv in neigh_argv(topo, macs, roles=ns_roles):
@@ -319,8 +314,10 @@ def status(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX) -> dict:
         for ifname, i in inv["hosts"][role]["interfaces"].items():
             state, addrs = seen.get(ifname, ("?", [i["addr"]]))
             st["links"].append({"namespace": f"vm:{prefix}-{role}", "ifname": ifname, "state": state, "addr": addrs})
-    ns_roles = [r for r in inv.get("hosts", {}) if r not in vm_roles]
-    healthy = (inv.get("kind") == "vm" and bool(vm_roles) and len(st["namespaces"]) == len(ns_roles)
+    # the namespace hosts' and the switches' namespaces, no more, no fewer
+    built = [f"{prefix}-{n}" for n in inv.get("hosts", {}) if n not in vm_roles]
+    built += [f"{prefix}-{n}" for n in (inv.get("topology") or {}).get("switches", [])]
+    healthy = (inv.get("kind") == "vm" and bool(vm_roles) and sorted(st["namespaces"]) == sorted(built)
                and len(agents) == len(inv["hosts"]) and all(a["alive"] for a in agents))
     return {"healthy": healthy, "kind": "vm", "inventory": st["inventory"], "namespaces": st["namespaces"],
             "agents": [a for a in agents if a["alive"]], "links": st["links"], "vm": vm}

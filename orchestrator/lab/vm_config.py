@@ -2,12 +2,15 @@
 each guest configures at boot, and the QEMU/virtiofsd argv that starts it.
 
 The aqm host is always a guest; the client and server are guests by choice (`--vm-roles`), so their
-kernel -- dctcp, a patched congestion control -- is the guest's, not this machine's. Every data link is
-point to point, and never touches the root namespace:
+kernel -- dctcp, a patched congestion control -- is the guest's, not this machine's. No data link
+touches the root namespace:
 - guest <-> namespace: a tap born inside the namespace, named as the namespace's interface (`to-aqm`);
   its fd goes to that guest's QEMU;
 - guest <-> guest: a pair of QEMU `dgram` netdevs on UNIX datagram sockets in the guests' state dirs
-  (each binds its own path and sends to its peer's: no start order, no bridge).
+  (each binds its own path and sends to its peer's: no start order, no bridge);
+- guest <-> switch: a tap born inside the switch's namespace, named as the switch's port (`to-aqm`) and
+  enslaved to its bridge, as a namespace host's veth end is; a socket pair joins only two ends, so guests
+  on one switch meet at its bridge too.
 """
 from __future__ import annotations
 
@@ -42,10 +45,13 @@ def check_vm_roles(topo: Topology, vm_roles: tuple[str, ...]) -> tuple[str, ...]
         raise LabError(f"--vm-roles: no role {', '.join(unknown)} in the lab (roles: {', '.join(topo.roles)})")
     if "aqm" in topo.roles and "aqm" not in vm_roles:
         raise LabError("--vm-roles must include aqm: the VM lab's bottleneck host is always a guest")
-    if topo.switches:
-        raise LabError(f"the VM lab has no switches yet (this topology has {', '.join(topo.switches)}): "
-                       "use --kind netns")
     return tuple(r for r in topo.roles if r in vm_roles)
+
+
+def namespace_nodes(topo: Topology, vm_roles: tuple[str, ...]) -> tuple[str, ...]:
+    """What the VM lab builds as namespaces: every host that is not a guest, and every switch (a guest's
+    port on a switch is a tap in the switch's namespace, so the switch exists whoever sits on it)."""
+    return tuple(r for r in topo.roles if r not in vm_roles) + topo.switches
 
 
 def parse_vm_roles(text: str, topo: Topology) -> tuple[str, ...]:
@@ -84,7 +90,7 @@ class Nic:
 def guest_nics(topo: Topology, role: str, vm_roles: tuple[str, ...], state_dir: Path) -> list[Nic]:
     nics = []
     for ep in topo.endpoints(role):
-        peer = topo.peer(ep)
+        peer = topo.peer(ep)       # on a switch: the switch's port, where the tap goes
         if peer.role in vm_roles:
             nics.append(Nic(ep.ifname, guest_mac(topo, ep), "dgram",
                             local=vm_dir(state_dir, role) / f"{ep.ifname}.sock",
@@ -106,9 +112,10 @@ def lab_macs(topo: Topology, vm_roles: tuple[str, ...], namespace_macs: dict[tup
 
 def guest_config(topo: Topology, role: str, port: int, macs: dict[tuple[str, str], str]) -> dict:
     """<vm dir>/guest/guest.json for orchestrator.lab.vm_guest: interfaces by MAC, static neighbours,
-    routes through the aqm (endpoints) or forwarding (aqm), the clock source and the agent's argv."""
+    routes through the aqm (endpoints) or forwarding (aqm), the clock source and the agent's argv.
+    Neighbours: every host on the interface's segment (its link's peer, or everyone on its switch)."""
     interfaces = [{"ifname": ep.ifname, "mac": macs[(role, ep.ifname)], "addr": ep.addr, "plen": ep.plen,
-                   "neighbours": [[topo.peer(ep).addr, macs[(topo.peer(ep).role, topo.peer(ep).ifname)]]]}
+                   "neighbours": [[p.addr, macs[(p.role, p.ifname)]] for p in topo.segment_peers(ep)]}
                   for ep in topo.endpoints(role)]
     interfaces.append({"ifname": "ctl", "mac": CONTROL_MAC, "addr": CONTROL_ADDR, "plen": 24, "neighbours": []})
     agent = ["--name", role, "--listen", f"tcp://{CONTROL_ADDR}:{port}", "--token-file", "/run/tcplab-vm/token",

@@ -80,16 +80,17 @@ def skip_unless_vm_lab_can_run() -> None:
         pytest.skip(f"no kernel image for the VM lab (apt download failed?): {exc}")
 
 
-def vm_lab_up(tmp_path_factory, prefix: str, vm_roles: tuple[str, ...], timeout_s: float = 240) -> Iterator[
-        tuple[dict, Path]]:
+def vm_lab_up(tmp_path_factory, prefix: str, vm_roles: tuple[str, ...], timeout_s: float = 240,
+              graph=None) -> Iterator[tuple[dict, Path]]:
     """Body of a module-scoped VM-lab fixture: skips with the reason when the VM lab cannot run (or the
-    kernel image cannot be fetched), always takes the lab down."""
+    kernel image cannot be fetched), always takes the lab down. `graph`: a plan's topology (default: the
+    quickstart's chain)."""
     from orchestrator.lab import vm
 
     skip_unless_vm_lab_can_run()
     state_dir = tmp_path_factory.mktemp(prefix)
     try:
-        inv = vm.up(state_dir, prefix, timeout_s=timeout_s, vm_roles=vm_roles)
+        inv = vm.up(state_dir, prefix, timeout_s=timeout_s, vm_roles=vm_roles, graph=graph)
         print(f"\nvm lab ({', '.join(inv['vm']['roles'])} as guests): {inv['vm']['package']} {inv['vm']['accel']}, "
               f"agents ready after {inv['vm']['boot_s']} s")
         yield inv, state_dir
@@ -134,6 +135,17 @@ def run_lab_plan(plan: Path, state_dir: Path, tmp_path: Path, force: bool = Fals
     print(out)
     assert rc == 0, out
     return open_db(url)
+
+
+def one_run_flows(db, columns: str) -> list:
+    """The flows (`columns`, in flow order) of the DB's one run, which must have completed."""
+    from sqlalchemy import text
+
+    with db.connect() as conn:
+        statuses = [r.status for r in conn.execute(text("SELECT status FROM run")).all()]
+        flows = conn.execute(text(f"SELECT {columns} FROM flow ORDER BY flow_id")).all()
+    assert statuses == ["complete"]
+    return flows
 
 
 def stored_flags(db) -> dict:

@@ -9,14 +9,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
 
 from analysis.summary import run_table
 from orchestrator.inventory import load_inventory
 from orchestrator.lab import netns
 from orchestrator.plan import load_plan
 from orchestrator.plan.model.topology import plan_graph
-from tests.lab.conftest import TEST_PREFIX, lab_unavailable, run_lab_plan, run_plan_quietly
+from tests.lab.conftest import TEST_PREFIX, lab_unavailable, one_run_flows, run_lab_plan, run_plan_quietly
 
 ROOT = Path(__file__).resolve().parents[2]
 PC_PLAN = ROOT / "experiments/paced-chirping/chirping.yaml"
@@ -118,11 +117,7 @@ def test_a_two_sender_dumbbell_runs_and_both_senders_flows_are_in_the_db(plan_la
     plan = load_plan(plan_file)
     netns.up(state_dir, prefix, graph=plan_graph(plan.roles, plan.topology), timeout_s=60)
     db = run_lab_plan(plan_file, state_dir, tmp_path)
-    with db.connect() as conn:
-        rows = conn.execute(text("SELECT run_id, status FROM run")).all()
-        flows = conn.execute(text("SELECT flow_id, src_host, dst_host, src_addr, dst_addr, src_port, start_s "
-                                  "FROM flow ORDER BY flow_id")).all()
-    assert [r.status for r in rows] == ["complete"]
+    flows = one_run_flows(db, "flow_id, src_host, dst_host, src_addr, dst_addr, src_port, start_s")
     assert [(f.flow_id, f.src_host, f.dst_host, f.src_addr, f.dst_addr, f.start_s) for f in flows] == [
         (0, "sender_a", "receiver", "10.199.1.1", "10.199.3.1", 0.0),
         (1, "sender_b", "receiver", "10.199.2.1", "10.199.3.1", 1.0)]
@@ -147,8 +142,7 @@ def test_flows_to_both_receivers_behind_the_switch_share_the_one_bottleneck(plan
     plan = load_plan(plan_file)
     netns.up(state_dir, prefix, graph=plan_graph(plan.roles, plan.topology), timeout_s=60)
     db = run_lab_plan(plan_file, state_dir, tmp_path)
-    with db.connect() as conn:
-        flows = conn.execute(text("SELECT src_host, dst_host, src_port FROM flow ORDER BY flow_id")).all()
+    flows = one_run_flows(db, "src_host, dst_host, src_port")
     assert [(f.src_host, f.dst_host) for f in flows] == [("sender_a", "receiver_a"), ("sender_b", "receiver_b")]
     assert all(f.src_port for f in flows)
     (row,) = run_table(db)

@@ -6,12 +6,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
 
 from orchestrator.lab import netns
 from orchestrator.plan import load_plan
 from orchestrator.plan.model.topology import plan_graph
-from tests.lab.conftest import TEST_PREFIX, run_lab_plan, skip_unless_vm_lab_can_run
+from tests.lab.conftest import TEST_PREFIX, one_run_flows, run_lab_plan, skip_unless_vm_lab_can_run
 from tests.lab.test_plan_topology import DUMBBELL
 
 
@@ -35,9 +34,7 @@ def dumbbell_vm_lab(tmp_path) -> Iterator[tuple[Path, Path]]:
 
 def test_a_two_sender_dumbbell_crosses_the_aqm_guest(dumbbell_vm_lab, tmp_path):
     plan_file, state_dir = dumbbell_vm_lab
-    db = run_lab_plan(plan_file, state_dir, tmp_path)
-    with db.connect() as conn:
-        flows = conn.execute(text("SELECT src_host, dst_host, src_addr, src_port FROM flow ORDER BY flow_id")).all()
+    flows = one_run_flows(run_lab_plan(plan_file, state_dir, tmp_path), "src_host, dst_host, src_addr, src_port")
     assert [(f.src_host, f.dst_host, f.src_addr) for f in flows] == [
         ("sender_a", "receiver", "10.199.1.1"), ("sender_b", "receiver", "10.199.2.1")]
     assert all(f.src_port for f in flows)

@@ -12,7 +12,8 @@ import pytest
 
 from orchestrator.lab import vm_config, vm_guest, vm_host, vm_recipe
 from orchestrator.lab.netns import LabError
-from orchestrator.lab.topology import netns_topology
+from orchestrator.lab.topology import bridge_argv, lab_topology, namespace_argv, neigh_argv, netns_topology, wiring_argv
+from orchestrator.plan.model.topology import plan_graph
 
 
 def test_newest_package_picks_the_highest_abi_of_the_flavour():
@@ -200,6 +201,65 @@ def test_guest_links_are_taps_toward_namespaces_and_socket_pairs_between_guests(
                                           f"remote.type=unix,remote.path={client.local}")
     mixed = {n.ifname: n.backend for n in vm_config.guest_nics(topo, "aqm", ("aqm", "server"), tmp_path)}
     assert mixed == {"to-client": "tap", "to-server": "dgram"}
+
+
+PC_ROLES = ["sender_a", "sender_b", "aqm", "receiver_a", "receiver_b"]  # aqm -> switch -> both receivers
+
+
+def test_a_guest_on_a_switch_gets_a_tap_in_the_switch_namespace_named_as_its_port(tmp_path):
+    topo = lab_topology(plan_graph(PC_ROLES, None), "t")
+    assert vm_config.check_vm_roles(topo, ("aqm",)) == ("aqm",)
+    aqm = vm_config.guest_nics(topo, "aqm", ("aqm",), tmp_path)
+    assert [(n.ifname, n.mac, n.backend, n.namespace, n.tap_ifname) for n in aqm] == [
+        ("to-sender_a", "52:54:00:7c:01:fe", "tap", "t-sender_a", "to-aqm"),
+        ("to-sender_b", "52:54:00:7c:02:fe", "tap", "t-sender_b", "to-aqm"),
+        ("to-switch", "52:54:00:7c:03:01", "tap", "t-switch", "to-aqm")]
+    # two guests on one switch do not get a socket pair: each has its own port on the bridge
+    roles = vm_config.check_vm_roles(topo, ("receiver_a", "aqm"))
+    (rx,) = vm_config.guest_nics(topo, "receiver_a", roles, tmp_path)
+    assert (rx.ifname, rx.mac, rx.backend, rx.namespace, rx.tap_ifname) == (
+        "to-switch", "52:54:00:7c:04:01", "tap", "t-switch", "to-receiver_a")
+    assert vm_config.guest_nics(topo, "aqm", roles, tmp_path)[2].tap_ifname == "to-aqm"
+
+
+def test_the_switch_namespace_is_built_and_its_guest_ports_are_enslaved_to_the_bridge():
+    topo = lab_topology(plan_graph(PC_ROLES, None), "t")
+    nodes = vm_config.namespace_nodes(topo, ("aqm", "receiver_a"))
+    assert nodes == ("sender_a", "sender_b", "receiver_b", "switch")
+    made = namespace_argv(topo, nodes) + bridge_argv(topo)
+    assert ["ip", "netns", "add", "t-switch"] in made and ["ip", "netns", "add", "t-aqm"] not in made
+    assert ["ip", "-n", "t-switch", "link", "add", "br0", "type", "bridge"] in made
+    wired = wiring_argv(topo, nodes)
+    veths = [a for a in wired if a[:3] == ["ip", "link", "add"]]
+    assert veths == [["ip", "link", "add", "to-switch", "netns", "t-receiver_b", "type", "veth", "peer", "name",
+                      "to-receiver_b", "netns", "t-switch"]]          # the only link between two namespaces
+    for port in ("to-aqm", "to-receiver_a", "to-receiver_b"):     # guests' taps and the veth end alike
+        assert ["ip", "-n", "t-switch", "link", "set", port, "master", "br0"] in wired
+    assert ["ip", "-n", "t-sender_a", "addr", "add", "10.199.1.1/24", "dev", "to-aqm"] in wired  # the tap
+    assert not any(a[:3] == ["ip", "-n", "t-aqm"] or "t-receiver_a" in a for a in wired)
+    assert ["ip", "-n", "t-receiver_b", "route", "add", "10.199.1.0/24", "via", "10.199.3.254",
+            "dev", "to-switch"] in wired
+
+
+def test_guests_on_a_switch_have_every_host_on_it_as_neighbour_and_the_namespaces_their_macs():
+    topo = lab_topology(plan_graph(PC_ROLES, None), "t")
+    roles = ("aqm", "receiver_a")
+    ns_macs = {("sender_a", "to-aqm"): "aa:00:00:00:00:01", ("sender_b", "to-aqm"): "aa:00:00:00:00:02",
+               ("receiver_b", "to-switch"): "aa:00:00:00:00:05"}
+    macs = vm_config.lab_macs(topo, roles, ns_macs)
+    aqm = {i["ifname"]: i for i in vm_config.guest_config(topo, "aqm", 4242, macs)["interfaces"]}
+    assert aqm["to-switch"]["addr"] == "10.199.3.254" and aqm["to-switch"]["mac"] == "52:54:00:7c:03:01"
+    assert aqm["to-switch"]["neighbours"] == [["10.199.3.1", "52:54:00:7c:04:01"], ["10.199.3.2", "aa:00:00:00:00:05"]]
+    assert aqm["to-sender_a"]["neighbours"] == [["10.199.1.1", "aa:00:00:00:00:01"]]
+    rx = vm_config.guest_config(topo, "receiver_a", 4243, macs)
+    (ifc,) = [i for i in rx["interfaces"] if i["ifname"] != "ctl"]
+    assert ifc["neighbours"] == [["10.199.3.254", "52:54:00:7c:03:01"], ["10.199.3.2", "aa:00:00:00:00:05"]]
+    assert rx["routes"] == [["10.199.1.0/24", "10.199.3.254", "to-switch"],
+                            ["10.199.2.0/24", "10.199.3.254", "to-switch"]] and rx["sysctls"] == {}
+    # the namespace on the switch reaches both guests by their fixed MACs
+    rb = [(a[5], a[7]) for a in neigh_argv(topo, macs, roles=("sender_a", "sender_b", "receiver_b"))
+          if a[2] == "t-receiver_b"]
+    assert rb == [("10.199.3.254", "52:54:00:7c:03:01"), ("10.199.3.1", "52:54:00:7c:04:01")]
 
 
 @pytest.mark.parametrize("text,expected", [("aqm", ("aqm",)), ("all", ("client", "aqm", "server")),
