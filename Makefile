@@ -4,7 +4,10 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 TCPLAB := $(VENV)/bin/tcplab
-APT_PKGS := iproute2 iputils-ping iperf3 tcpdump ethtool tshark python3 python3-venv python3-dev gcc make postgresql chromium
+# `tcplab kernel build` (docs/kernels.md): what `make bindeb-pkg` of a 6.x tree needs
+KERNEL_BUILD_PKGS := flex bison bc libelf-dev libssl-dev dwarves rsync cpio kmod dpkg-dev git patch xz-utils
+APT_PKGS := iproute2 iputils-ping iperf3 tcpdump ethtool tshark python3 python3-venv python3-dev gcc make postgresql chromium \
+	$(KERNEL_BUILD_PKGS)
 # the VM lab (`tcplab lab up --kind vm`): QEMU for the aqm guest, busybox for its initramfs
 VM_APT_PKGS := qemu-system-x86 busybox-static
 PG_ADMIN_URL ?= postgresql://postgres@127.0.0.1:5432/postgres

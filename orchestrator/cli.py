@@ -123,6 +123,10 @@ def _progress() -> Progress:
                     TimeElapsedColumn(), TextColumn("{task.fields[phase]}"), console=console)
 
 
+def cmd_kernel(args: argparse.Namespace) -> int:
+    return args.kernel_func(args, console)
+
+
 def cmd_query(args: argparse.Namespace) -> int:
     from orchestrator.storage.query import QueryError, format_rows, run_query
 
@@ -257,6 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--limit", type=int, metavar="N", help="at most the next N runs (in run order) of those "
                      "selected and not complete")
     run.set_defaults(func=cmd_run)
+
+    from orchestrator.kernel.commands import add_parser as add_kernel_parser
+
+    add_kernel_parser(sub, PROFILE_HELP)
+    sub.choices["kernel"].set_defaults(func=cmd_kernel)
 
     q = sub.add_parser("query", help="read-only SQL against the result database")
     q.add_argument("sql")

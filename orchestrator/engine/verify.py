@@ -206,9 +206,10 @@ def unsupported_features(spec: RunSpec, caps: dict[str, protocol.Capabilities]) 
     for role, hp in spec.hosts.items():
         release = caps[role].kernel_release if role in caps else "?"
         if hp.kernel is not None and hp.kernel.release is None:
-            out.append(f"host {role} (kernel {release}): variant {hp.kernel.name} is a source build; "
-                       "build and install it by hand (no kernel playbook yet, see playbooks/README.md) and "
-                       "give its `release`")
+            out.append(f"host {role} (kernel {release}): variant {hp.kernel.name} is a source build whose release "
+                       f"is known once built: `tcplab kernel build PLAN {hp.kernel.name}` builds it (docs/kernels.md); "
+                       "installing it on a host is not automated yet: install its package and give the plan's "
+                       "`release`")
     for f in spec.flows:
         if f.tool == "app_limited":
             out.append(f"host {f.src}: flow {f.flow_id} needs the app-limited writer, which this agent "

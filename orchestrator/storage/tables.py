@@ -60,6 +60,17 @@ run = Table(
     Column("run_key", Integer, nullable=False, unique=True),  # small id used by the per-packet tables
 )
 
+kernel_build = Table(
+    "kernel_build", metadata,                              # tcplab kernel build (orchestrator/kernel/)
+    Column("build_key", String(64), primary_key=True),     # sha256 of the pinned inputs and the toolchain
+    Column("variant", String(64), nullable=False),
+    Column("release", String(128), nullable=False),        # uname -r of the build (LOCALVERSION carries the key)
+    Column("source", Text, nullable=False),                # e.g. debian-package linux-source-6.1 6.1.192-2
+    Column("finished_at", DateTime(timezone=True), nullable=False),
+    Column("duration_s", Float, nullable=False),
+    Column("metadata", JSON, nullable=False),              # the cache entry's metadata.json
+)
+
 flow = Table(
     "flow", metadata,
     Column("run_id", String(128), ForeignKey("run.run_id", ondelete="CASCADE"), primary_key=True),

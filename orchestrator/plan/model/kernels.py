@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from typing import Literal
 
 from pydantic import model_validator
 
@@ -19,7 +20,9 @@ SOURCE_PACKAGE = r"^linux-source-[0-9]+\.[0-9]+$"
 # A Debian kernel image package; one `*` may stand for the ABI number (`linux-image-6.1.0-*-amd64`): the
 # newest the testbed's apt knows, as a profile names it (the run records the release it ran)
 IMAGE_PACKAGE = r"^linux-image-[0-9][A-Za-z0-9.+~-]*(\*[A-Za-z0-9.+~-]*)?$"
-HASH_SKIP_IF_NONE = ("package",)   # source fields added after plans had results: out of the hash while unset
+# source fields added after plans had results: out of the variant's hash while at these defaults
+HASH_SKIP_IF_DEFAULT = {"package": None, "tarball": None, "config_base": "debian"}
+ConfigBase = Literal["debian", "defconfig", "tinyconfig"]
 
 
 class KernelSource(Strict):
@@ -28,6 +31,10 @@ class KernelSource(Strict):
     ref: str | None = _f(None, "tag or commit to build (with `git`)", "v5.0")
     package: str | None = _f(None, "a Debian kernel source package instead of a git tree", "linux-source-6.1",
                              pattern=SOURCE_PACKAGE)
+    tarball: str | None = _f(None, "a source tarball already on disk (path relative to the plan) instead of a "
+                             "git tree", "sources/linux-6.1.tar.xz")
+    config_base: ConfigBase = _f("debian", "the config the fragments are merged into: Debian's config of the "
+                                 "matching linux-image flavour, `make defconfig` or `make tinyconfig`", "tinyconfig")
     patches: list[str] = _f([], "patch files applied in order (paths relative to the plan)",
                             ["patches/lsaimd/0001-fractional-cwnd.patch"])
     config: list[str] = _f([], "config fragments merged into the distribution config",
@@ -36,8 +43,10 @@ class KernelSource(Strict):
 
     @model_validator(mode="after")
     def _one_tree(self) -> KernelSource:
-        if (self.package is None) == (self.git is None) or (self.git is None) != (self.ref is None):
-            raise ValueError("give either `git` and `ref` (a git tree) or `package` (a Debian source package)")
+        trees = [x for x in (self.git, self.package, self.tarball) if x is not None]
+        if len(trees) != 1 or (self.git is None) != (self.ref is None):
+            raise ValueError("give one of `git` and `ref` (a git tree), `package` (a Debian source package) or "
+                             "`tarball` (a file on disk)")
         return self
 
 
@@ -78,7 +87,8 @@ class KernelVariant(Strict):
         """Hash of what the variant is made of (the name is only a label)."""
         doc = self.model_dump(mode="json")
         if doc.get("source"):
-            doc["source"] = {k: v for k, v in doc["source"].items() if v is not None or k not in HASH_SKIP_IF_NONE}
+            doc["source"] = {k: v for k, v in doc["source"].items()
+                             if k not in HASH_SKIP_IF_DEFAULT or v != HASH_SKIP_IF_DEFAULT[k]}
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 

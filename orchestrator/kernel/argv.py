@@ -1,0 +1,68 @@
+"""The commands of a kernel build, as argv lists (pure): never a shell string. Run by orchestrator/kernel/builder.py
+and sources.py; recorded in each build's metadata so the build can be repeated by hand."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def apt_download(package: str, version: str | None = None) -> list[str]:
+    return ["apt-get", "download", "-q", "-o", "APT::Sandbox::User=root",
+            f"{package}={version}" if version else package]
+
+
+def apt_candidate(package: str) -> list[str]:
+    return ["apt-cache", "policy", package]
+
+
+def deb_extract(deb: Path, dest: Path) -> list[str]:
+    return ["dpkg-deb", "-x", str(deb), str(dest)]
+
+
+def untar(tarball: Path, dest: Path) -> list[str]:
+    return ["tar", "-xaf", str(tarball), "-C", str(dest)]
+
+
+def git_ls_remote(url: str, ref: str) -> list[str]:
+    return ["git", "ls-remote", "--exit-code", url, ref]
+
+
+def git_rev_parse(repo: str, ref: str) -> list[str]:
+    return ["git", "-C", repo, "rev-parse", "--verify", f"{ref}^{{commit}}"]
+
+
+def git_worktree_copy(repo: str, commit: str, dest: Path) -> list[str]:
+    """A tree of `commit` without history: `git archive` into tar, unpacked by the caller (untar)."""
+    return ["git", "-C", repo, "archive", "--format=tar", "-o", str(dest), commit]
+
+
+def patch(tree: Path, patch_file: Path) -> list[str]:
+    return ["patch", "-d", str(tree), "-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-i",
+            str(patch_file)]
+
+
+def make(tree: Path, *targets: str, jobs: int = 1, extra: tuple[str, ...] = ()) -> list[str]:
+    return ["make", "-C", str(tree), f"-j{jobs}", *extra, *targets]
+
+
+def merge_config(tree: Path, fragments: list[Path]) -> list[str]:
+    """Merge fragments into tree/.config (-m: no olddefconfig yet; the builder runs it and checks survivors)."""
+    return [str(tree / "scripts" / "kconfig" / "merge_config.sh"), "-m", "-O", str(tree), str(tree / ".config"),
+            *[str(f) for f in fragments]]
+
+
+def scripts_config(tree: Path, *ops: str) -> list[str]:
+    """scripts/config on tree/.config (`--disable X`, `--set-str X ""`)."""
+    return [str(tree / "scripts" / "config"), "--file", str(tree / ".config"), *ops]
+
+
+def module_build(tree: Path, module_dir: Path, jobs: int = 1) -> list[str]:
+    return ["make", "-C", str(tree), f"-j{jobs}", f"M={module_dir}", "modules"]
+
+
+def modinfo_vermagic(ko: Path) -> list[str]:
+    return ["modinfo", "-F", "vermagic", str(ko)]
+
+
+def toolchain_versions() -> dict[str, list[str]]:
+    """The tools whose versions are part of the build key."""
+    return {"gcc": ["gcc", "--version"], "ld": ["ld", "--version"], "make": ["make", "--version"]}

@@ -1,0 +1,112 @@
+"""`tcplab kernel build|ls|show|gc` (docs/kernels.md). Thin: each command calls builder/cache and prints."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rich.console import Console
+
+from orchestrator.kernel import builder, cache
+from orchestrator.kernel.sources import SourceError
+
+
+def _variant(plan_path: Path, name: str, profile_path: Path | None):
+    """The plan's variant `name`, substituted by the profile if one is given (the build of the profile's
+    stand-in: Debian's source with the study's patches)."""
+    from orchestrator.plan import load_plan
+    from orchestrator.plan.checks.profile_loader import load_profile
+    from orchestrator.plan.expansion.adapt import adapt_kernels
+
+    plan = load_plan(plan_path)
+    kernels = plan.kernels
+    if profile_path is not None:
+        kernels, _ = adapt_kernels(plan.kernels, load_profile(profile_path).kernels)
+    if name not in kernels:
+        known = ", ".join(sorted(kernels)) or "none"
+        raise SourceError(f"{plan_path}: no kernel variant {name!r} (the plan has: {known})")
+    return kernels[name]
+
+
+def cmd_build(args: argparse.Namespace, console: Console) -> int:
+    from orchestrator.plan import PlanError
+
+    root = args.cache or cache.DEFAULT_ROOT
+    try:
+        variant = _variant(args.plan, args.variant, args.profile)
+        if args.dry_run:
+            key, hit = builder.dry_run(args.variant, variant, args.plan.parent, root)
+            console.print(f"{args.variant}: key {key}: {'cache hit' if hit else 'cache miss (would build)'}",
+                          markup=False)
+            return 0
+        command = " ".join(["tcplab", "kernel", "build", str(args.plan), args.variant]
+                           + (["--profile", str(args.profile)] if args.profile else []))
+        with console.status(f"building {args.variant}") as status:
+            outcome = builder.build(args.variant, variant, args.plan.parent, root, jobs=args.jobs,
+                                    progress=lambda step: status.update(f"{args.variant}: {step}"), command=command)
+    except (PlanError, SourceError, builder.BuildError) as exc:
+        console.print(f"kernel build failed: {exc}", style="red", markup=False)
+        return 1
+    e = outcome.entry
+    if args.db is not None or not outcome.hit:
+        record(args.db, e)
+    console.print(f"{args.variant}: {'cache hit' if outcome.hit else 'built'} {e.key[:16]} release {e.release} "
+                  f"({e.metadata.get('duration_s', '?')} s to build) in {e.path}", markup=False)
+    return 0
+
+
+def record(db_url: str | None, e: cache.Entry) -> None:
+    """The build in the results database (table kernel_build), so runs can be joined with what they ran."""
+    from orchestrator.storage.db import open_db
+    from orchestrator.storage.kernel_builds import upsert_build
+
+    upsert_build(open_db(db_url), e.metadata)
+
+
+def cmd_ls(args: argparse.Namespace, console: Console) -> int:
+    for e in cache.entries(args.cache or cache.DEFAULT_ROOT):
+        m = e.metadata
+        print(f"{e.key[:16]}  {m.get('variant', '?'):24} {e.release:40} {m.get('duration_s', '?'):>8} s  "
+              f"{m.get('finished_at', '')[:19]}")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace, console: Console) -> int:
+    found = cache.find(args.cache or cache.DEFAULT_ROOT, args.key)
+    if len(found) != 1:
+        console.print(f"kernel show: {len(found)} builds match {args.key!r}", style="red", markup=False)
+        return 2
+    print(json.dumps(found[0].metadata, indent=2, sort_keys=True))
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace, console: Console) -> int:
+    removed = cache.gc(args.cache or cache.DEFAULT_ROOT, keep=args.keep, older_than_days=args.older_than)
+    console.print(f"kernel gc: removed {len(removed)}" + (f": {', '.join(removed)}" if removed else ""), markup=False)
+    return 0
+
+
+def add_parser(sub, profile_help: str) -> None:
+    k = sub.add_parser("kernel", help="build, list, show and clean kernel variant builds (docs/kernels.md)")
+    ks = k.add_subparsers(dest="kernel_cmd", required=True)
+    b = ks.add_parser("build", help="build a plan's kernel variant (or find it cached by its key)")
+    b.add_argument("plan", type=Path)
+    b.add_argument("variant")
+    b.add_argument("--profile", type=Path, default=None, help=profile_help)
+    b.add_argument("--dry-run", action="store_true", help="say the build key and whether it is cached; build nothing")
+    b.add_argument("--jobs", type=int, default=None, help="make -j (default: every CPU)")
+    b.add_argument("--db", default=None, help="record the build in this database (default $TCPLAB_DB or "
+                   "results/tcplab.db; a cache hit is recorded only when --db is given)")
+    b.set_defaults(kernel_func=cmd_build)
+    ls = ks.add_parser("ls", help="cached builds, newest first")
+    ls.set_defaults(kernel_func=cmd_ls)
+    sh = ks.add_parser("show", help="a build's metadata.json (by key prefix, release or variant name)")
+    sh.add_argument("key")
+    sh.set_defaults(kernel_func=cmd_show)
+    gc = ks.add_parser("gc", help="remove old builds and abandoned temporary directories")
+    gc.add_argument("--keep", type=int, default=3, help="builds kept per variant (newest)")
+    gc.add_argument("--older-than", type=float, default=None, metavar="DAYS", help="also remove builds older than this")
+    gc.set_defaults(kernel_func=cmd_gc)
+    for p in (b, ls, sh, gc):
+        p.add_argument("--cache", type=Path, default=None, help="cache root (default $TCPLAB_KERNEL_CACHE or "
+                       "/var/cache/tcplab/kernels)")
