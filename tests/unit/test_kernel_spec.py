@@ -141,3 +141,38 @@ def test_the_cache_lists_finds_and_collects(tmp_path):
     assert sorted(removed) == sorted(["a" * 64, ".tmp-eeee-999999999"])
     assert (root / f".tmp-ffff-{os.getpid()}").exists()
     assert cache.gc(root, keep=5, older_than_days=1.5) == ["b" * 64]
+
+
+def test_runs_expect_the_release_of_their_variants_build(tmp_path):
+    from orchestrator.engine.kernel_builds import attach_builds
+    from orchestrator.plan import expand, load_plan_text
+
+    (tmp_path / "linux.tar.xz").write_bytes(b"not really a kernel: only its sha256 is used here")
+    (tmp_path / "fix.patch").write_text("--- a/x\n+++ b/x\n")
+    plan = load_plan_text(f"""
+name: kb
+kernels:
+  built: {{vanilla: false, source: {{tarball: {tmp_path}/linux.tar.xz, patches: [{tmp_path}/fix.patch]}}}}
+  unbuilt: {{vanilla: false, source: {{tarball: {tmp_path}/linux.tar.xz, config_base: tinyconfig}}}}
+  broken: {{vanilla: false, source: {{tarball: {tmp_path}/linux.tar.xz, patches: [{tmp_path}/gone.patch]}}}}
+  stock: {{vanilla: true, package: linux-image-6.1.0-56-amd64}}
+run:
+  duration: 5s
+  traffic: {{src: server, dst: client, cc: reno, flows: 1}}
+  hosts: {{client: {{kernel: built}}, aqm: {{kernel: stock}}, server: {{kernel: unbuilt}}}}
+experiments:
+  - name: a
+  - name: b
+    set: {{hosts.server.kernel: broken}}
+""")
+    key = resolve("built", plan.kernels["built"], tmp_path).key
+    _fake_entry(tmp_path / "cache", key, "built", "2026-11-23T00:00:00+00:00")
+    specs, missing = attach_builds(expand(plan), plan.kernels, tmp_path, tmp_path / "cache")
+    client = specs[0].hosts["client"].kernel
+    assert (client.release, client.build_key) == (f"6.1.192-{key[:6]}", key)
+    assert specs[0].hosts["aqm"].kernel.release == "6.1.0-56-amd64" and specs[0].hosts["aqm"].kernel.build_key is None
+    assert specs[0].hosts["server"].kernel.release is None
+    assert missing["unbuilt"].startswith("not built yet (key ") and "tcplab kernel build PLAN unbuilt" in missing["unbuilt"]
+    assert "patch " in missing["broken"] and "gone.patch: no such file" in missing["broken"]
+    assert "build_key" in specs[0].model_dump(mode="json")["hosts"]["client"]["kernel"]
+    assert "build_key" not in specs[0].model_dump(mode="json")["hosts"]["aqm"]["kernel"]

@@ -38,6 +38,15 @@ class KernelRef(_Strict):
     release: str | None = Field(default=None, description="expected `uname -r`; None for a build whose "
                                 "release is known only after it is built")
     sha256: str = Field(description="hash of the variant's definition")
+    build_key: str | None = Field(default=None, description="the tcplab build of a source variant the run "
+                                  "expects (docs/kernels.md); left out of the JSON when none")
+
+    @model_serializer(mode="wrap")
+    def _build_key_if_any(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out = handler(self)
+        if out.get("build_key", "") is None:
+            del out["build_key"]
+        return out
 
 
 class HostSpec(_Strict):
