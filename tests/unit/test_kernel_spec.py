@@ -172,7 +172,8 @@ experiments:
     assert (client.release, client.build_key) == (f"6.1.192-{key[:6]}", key)
     assert specs[0].hosts["aqm"].kernel.release == "6.1.0-56-amd64" and specs[0].hosts["aqm"].kernel.build_key is None
     assert specs[0].hosts["server"].kernel.release is None
-    assert missing["unbuilt"].startswith("not built yet (key ") and "tcplab kernel build PLAN unbuilt" in missing["unbuilt"]
+    assert missing["unbuilt"].startswith("not built yet (key ")
+    assert "tcplab kernel build PLAN unbuilt" in missing["unbuilt"]
     assert "patch " in missing["broken"] and "gone.patch: no such file" in missing["broken"]
     assert "build_key" in specs[0].model_dump(mode="json")["hosts"]["client"]["kernel"]
     assert "build_key" not in specs[0].model_dump(mode="json")["hosts"]["aqm"]["kernel"]
