@@ -89,7 +89,7 @@ def _pid_alive(pid: int) -> bool:
 
 def gc(root: Path, keep: int, older_than_days: float | None, now: float | None = None) -> list[str]:
     """Remove builds beyond the `keep` newest per variant (and, with `older_than_days`, any older than that),
-    and temporary directories of builders that are gone. Returns what was removed."""
+    the logs of failed builds, and temporary directories of builders that are gone. Returns what was removed."""
     now = time.time() if now is None else now
     removed, per_variant = [], {}
     for e in entries(root):
@@ -98,6 +98,9 @@ def gc(root: Path, keep: int, older_than_days: float | None, now: float | None =
         if n > keep or (older_than_days is not None and age_days > older_than_days):
             shutil.rmtree(e.path)
             removed.append(e.key)
+    for failed in root.glob("failed-*"):
+        shutil.rmtree(failed, ignore_errors=True)
+        removed.append(failed.name)
     for tmp in root.glob(".tmp-*"):
         pid = tmp.name.rsplit("-", 1)[-1]
         if not pid.isdigit() or not _pid_alive(int(pid)):

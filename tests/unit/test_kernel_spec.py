@@ -133,12 +133,13 @@ def test_the_cache_lists_finds_and_collects(tmp_path):
     (root / ("d" * 64)).mkdir()                                   # no metadata: not a build
     (root / ".tmp-eeee-999999999").mkdir()                         # a builder that is gone
     (root / f".tmp-ffff-{os.getpid()}").mkdir()                    # one that is alive (this process)
+    (root / f"failed-{'f' * 64}").mkdir()                          # the log of a failed build
     assert [e.key[0] for e in cache.entries(root)] == ["c", "b", "a"]
     assert [e.key[0] for e in cache.find(root, "v1")] == ["b", "a"]
     assert [e.key[0] for e in cache.find(root, "bbbb")] == ["b"]
     assert cache.entry(root, "d" * 64) is None
     removed = cache.gc(root, keep=1, older_than_days=None)
-    assert sorted(removed) == sorted(["a" * 64, ".tmp-eeee-999999999"])
+    assert sorted(removed) == sorted(["a" * 64, ".tmp-eeee-999999999", f"failed-{'f' * 64}"])
     assert (root / f".tmp-ffff-{os.getpid()}").exists()
     assert cache.gc(root, keep=5, older_than_days=1.5) == ["b" * 64]
 
