@@ -28,7 +28,7 @@ from orchestrator.ingest import qdelay
 from orchestrator.ingest.pcap import read_pcap
 from orchestrator.lab import vm, vm_host
 from schemas.qdiscs import mark_netlink as mn
-from tests.lab.conftest import TEST_PREFIX, vm_lab_up
+from tests.lab.conftest import TEST_PREFIX, vm_lab_up, vm_unavailable
 
 PREFIX = f"{TEST_PREFIX}am"[:12]
 PORT = 5399
@@ -69,6 +69,8 @@ def build_module():
 
 @pytest.fixture(scope="module")
 def marked_lab(tmp_path_factory):
+    if reason := vm_unavailable():  # before building: the build writes to the root-owned cache
+        pytest.skip(reason)
     built = build_module()
     for inv, state_dir in vm_lab_up(tmp_path_factory, PREFIX, ("aqm",), timeout_s=200):
         yield built, inv, state_dir
