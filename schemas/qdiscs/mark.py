@@ -1,9 +1,11 @@
 """`mark`: tcplab's `aqm-mark` qdisc, a kernel variant (module sch_aqm_mark) that marks CE on the
 instantaneous sojourn time or the expected service time, as a step or a linear ramp.
 
-Pending: neither the module nor the patched tc that configures it is in this repository, so there is no
-argv, read-back or probe yet. The kind is never probed, so a plan that needs it is refused before any
-host is touched ("lacks qdisc mark"); its buffer still counts for G-NETEM.
+The module is experiments/modules/sch_aqm_mark (qdisc kind `aqm_mark`, docs/modules.md) and its netlink
+options are schemas/qdiscs/mark_netlink.py (no patched tc: raw TCA_OPTIONS). Still pending for plans: the
+agent does not load the module, apply the stage over netlink or read it back yet, so there is no argv,
+read-back or probe here. The kind is never probed, so a plan that needs it is refused before any host is
+touched ("lacks qdisc mark"); its buffer still counts for G-NETEM.
 """
 from __future__ import annotations
 
@@ -33,5 +35,6 @@ MARK = QdiscKind(
     buffer_packets=lambda s, mtu: s.limit_packets,
     probe=None,
     leaf_only=True,
-    pending="it needs the aqm-mark kernel variant and its patched tc, neither of which is in this repository",
+    pending="the agent cannot load the aqm_mark module (experiments/modules/sch_aqm_mark) or apply and read it back "
+            "over netlink yet",
 )

@@ -42,7 +42,8 @@ TC = ROOT / "tests" / "fixtures" / "tc"
 
 # kinds this agent version cannot apply yet, and why: they have no argv, read-back, probe or fixture. A kind
 # listed here must say so in its registry entry (`pending`), and the other way round.
-PENDING = {"mark": "tcplab's aqm-mark qdisc: its module and patched tc are not in the repository"}
+PENDING = {"mark": "tcplab's aqm-mark qdisc: the module is built and proven (docs/modules.md), but the agent "
+                   "does not load, apply or read it back yet"}
 
 
 @dataclass(frozen=True)
