@@ -1,7 +1,8 @@
 """Out-of-tree kernel modules for the VM lab's guests (pure): which Debian packages hold the headers of a
 guest kernel, the argv that fetch, unpack, build and inspect, where things go in the cache and the cache key.
 
-The effects (apt-get download, dpkg-deb -x, make, modinfo) are orchestrator.kernel.build. Nothing is
+The effects (apt-get download, dpkg-deb -x, make, modinfo) are orchestrator.kernel.debian_modules; the make
+and modinfo argv are orchestrator.kernel.argv's, shared with variant builds. Nothing is
 installed on this machine: the header packages are unpacked into the cache and kbuild runs from there.
 Docs: docs/modules.md.
 """
@@ -113,16 +114,8 @@ def build_dir(cache: Path, name: str, key: str) -> Path:
     return cache / "build" / name / key[:16]
 
 
-def make_argv(kdir: Path, module_dir: Path, jobs: int = 2) -> list[str]:
-    return ["make", "-s", f"-j{jobs}", "-C", str(kdir), f"M={module_dir}", "modules"]
-
-
 def compiler_version_argv(compiler: str) -> list[str]:
     return [compiler, "--version"]
-
-
-def vermagic_argv(ko: Path) -> list[str]:
-    return ["modinfo", "-F", "vermagic", str(ko)]
 
 
 def first_line(text: str) -> str:

@@ -1,6 +1,6 @@
 """The `aqm_mark` qdisc (experiments/modules/sch_aqm_mark) as real kernel code, proven from packets.
 
-Builds the module against Debian's headers of the VM lab's guest kernel (orchestrator/kernel/build.py), boots
+Builds the module against Debian's headers of the VM lab's guest kernel (orchestrator/kernel/debian_modules.py), boots
 the VM lab (aqm as a guest, which sees the host's `/` read-only and so insmods the .ko from its host path),
 builds netem 10 ms -> htb 20 Mbit/s -> aqm_mark (step, 2 ms, sojourn, at dequeue) on the aqm's to-client,
 configured and read back over netlink from inside the guest (orchestrator/kernel/mark_nl.py, pyroute2, no
@@ -49,7 +49,7 @@ CHAIN = ["tc qdisc replace dev to-client root handle 1: netem delay 10ms limit 1
 
 def build_module():
     """The .ko for the VM lab's guest kernel; skips when this machine cannot build it."""
-    from orchestrator.kernel import build
+    from orchestrator.kernel import debian_modules as build
     from orchestrator.lab import vm_image
 
     for tool in ("make", "gcc-12", "modinfo", "dpkg-deb", "apt-get"):

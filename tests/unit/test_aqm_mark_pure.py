@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.kernel import modbuild
+from orchestrator.kernel import argv, modbuild
 from schemas.qdiscs import mark_netlink as mn
 from schemas.qdiscs.mark import Mark
 
@@ -132,8 +132,8 @@ def test_module_sources_leave_out_build_products(tmp_path):
 
 
 def test_argv_and_the_module_sources_in_the_repository():
-    assert modbuild.make_argv(Path("/k"), Path("/m"), jobs=2) == ["make", "-s", "-j2", "-C", "/k", "M=/m", "modules"]
-    assert modbuild.vermagic_argv(Path("/m/x.ko")) == ["modinfo", "-F", "vermagic", "/m/x.ko"]
+    assert argv.module_build(Path("/k"), Path("/m"), jobs=2) == ["make", "-C", "/k", "-j2", "M=/m", "modules"]
+    assert argv.modinfo_vermagic(Path("/m/x.ko")) == ["modinfo", "-F", "vermagic", "/m/x.ko"]
     src = modbuild.module_sources(modbuild.MODULES_DIR / "sch_aqm_mark")
     assert set(src) == {"Kbuild", "Makefile", "sch_aqm_mark.c"}
     assert b'MODULE_LICENSE("GPL")' in src["sch_aqm_mark.c"]

@@ -6,7 +6,7 @@ the flavour Makefile at the unpacked common tree, `make -C <flavour dir> M=<copy
 and check `modinfo -F vermagic` against a module of the guest's own tree. The .ko is cached under
 CACHE/build/<module>/<key> (key: sha256 of sources, headers version, compiler); a second call builds nothing.
 
-    python -m orchestrator.kernel.build [--kernel linux-image-6.1.0-56-amd64] [--module sch_aqm_mark]
+    python -m orchestrator.kernel.debian_modules [--kernel linux-image-6.1.0-56-amd64] [--module sch_aqm_mark]
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from orchestrator.kernel import argv as kargv
 from orchestrator.kernel.modbuild import (
     MODULES_DIR,
     BuiltModule,
@@ -32,11 +33,9 @@ from orchestrator.kernel.modbuild import (
     first_line,
     header_packages,
     headers_dir,
-    make_argv,
     module_sources,
     reference_module,
     relocated_makefile,
-    vermagic_argv,
 )
 from orchestrator.lab import vm_image
 from orchestrator.lab.vm_recipe import check_package, unpack_argv
@@ -72,7 +71,7 @@ def guest_vermagic(package: str, timeout_s: float) -> str:
     ref = reference_module((image.vmlinuz.parent / "lib" / "modules" / image.release).rglob("*.ko"))
     if ref is None:
         raise ModuleBuildError(f"no module in the image of {package} to compare vermagic with")
-    return vm_image._run(vermagic_argv(ref), timeout=60)
+    return vm_image._run(kargv.modinfo_vermagic(ref), timeout=60)
 
 
 def ensure_module(name: str = "sch_aqm_mark", package: str | None = None, timeout_s: float = 600.0) -> BuiltModule:
@@ -98,9 +97,9 @@ def ensure_module(name: str = "sch_aqm_mark", package: str | None = None, timeou
         for fname, data in sources.items():
             (work / fname).write_bytes(data)
         started = time.monotonic()
-        vm_image._run(make_argv(kdir, work), timeout=timeout_s)
+        vm_image._run(kargv.module_build(kdir, work, jobs=2), timeout=timeout_s)
         build_s = time.monotonic() - started
-        vermagic = first_line(vm_image._run(vermagic_argv(work / f"{name}.ko"), timeout=60))
+        vermagic = first_line(vm_image._run(kargv.modinfo_vermagic(work / f"{name}.ko"), timeout=60))
         check_vermagic(vermagic, guest_vermagic(package, timeout_s))
         (work / "build.json").write_text(json.dumps(
             {"vermagic": vermagic, "build_s": round(build_s, 2), "headers_version": version, "compiler": cc,
@@ -116,7 +115,7 @@ def ensure_module(name: str = "sch_aqm_mark", package: str | None = None, timeou
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m orchestrator.kernel.build", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m orchestrator.kernel.debian_modules", description=__doc__.splitlines()[0])
     p.add_argument("--kernel", help="guest kernel image package (default: the VM lab's)")
     p.add_argument("--module", default="sch_aqm_mark")
     args = p.parse_args(argv)
