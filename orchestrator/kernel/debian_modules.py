@@ -115,7 +115,8 @@ def ensure_module(name: str = "sch_aqm_mark", package: str | None = None, timeou
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m orchestrator.kernel.debian_modules", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m orchestrator.kernel.debian_modules",
+                                description=__doc__.splitlines()[0])
     p.add_argument("--kernel", help="guest kernel image package (default: the VM lab's)")
     p.add_argument("--module", default="sch_aqm_mark")
     args = p.parse_args(argv)
