@@ -152,7 +152,11 @@ def build(name: str, variant: KernelVariant, plan_dir: Path, root: Path = cache.
             steps.run("make bindeb-pkg", argv.make(tree, "bindeb-pkg", jobs=jobs), env=REPRODUCIBLE_ENV)
             modules = build_modules(inputs, tree, tmp, plan_dir, release, steps, jobs)
             (out / "config").write_text(config)
-            for deb in sorted(tmp.glob("*.deb")):
+            debs = sorted(tree.parent.glob("*.deb"))          # bindeb-pkg writes them next to the tree
+            if not any(d.name.startswith(f"linux-image-{release}_") for d in debs):
+                raise BuildError(f"make bindeb-pkg made no linux-image-{release} package (found: "
+                                 f"{', '.join(d.name for d in debs) or 'none'})")
+            for deb in debs:
                 shutil.move(deb, out / deb.name)
             if modules:
                 (out / "modules").mkdir()
