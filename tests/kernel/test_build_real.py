@@ -59,12 +59,12 @@ def _tools() -> None:
 
 
 def members(deb: Path) -> dict[str, bytes | None]:
-    """A .deb's data members (path -> content for regular files under 64 KiB, else None)."""
+    """A .deb's data members (path -> content for regular files under 1 MiB, else None)."""
     data = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], capture_output=True, check=True).stdout
     out: dict[str, bytes | None] = {}
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         for m in tar:
-            f = tar.extractfile(m) if m.isfile() and m.size < 65536 else None
+            f = tar.extractfile(m) if m.isfile() and m.size < (1 << 20) else None
             out[m.name.lstrip("./")] = f.read() if f else None
     return out
 
