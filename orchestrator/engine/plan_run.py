@@ -29,7 +29,12 @@ from orchestrator.plan import PlanError, expand, load_plan, plan_sha256
 from orchestrator.plan.checks.profile_loader import load_profile
 from orchestrator.plan.expansion.adapt import adapt_kernels
 from orchestrator.storage.db import open_db
-from orchestrator.storage.writer import completed_run_ids
+from orchestrator.storage.writer import completed_builds
+
+
+def build_keys(spec) -> dict[str, str | None]:
+    """role -> the kernel build key the run expects (None: a distribution or unbuilt kernel, or none asked)."""
+    return {role: h.kernel.build_key if h.kernel else None for role, h in spec.hosts.items()}
 
 
 def exit_code(outcomes: list[RunOutcome]) -> int:
@@ -97,7 +102,12 @@ async def run_plan(plan_path: Path, db_url: str | None, inventory: Path | None, 
         except AnotherManager as exc:
             console.print(f"[red]cannot start: {exc}[/red]", markup=True)
             return 5
-        done = set() if force else completed_run_ids(db, sha)
+        stored = {} if force else completed_builds(db, sha)
+        done = {s.run_id for s in specs if stored.get(s.run_id) == build_keys(s)}
+        rebuilt = sum(1 for s in specs if s.run_id in stored and s.run_id not in done)
+        if rebuilt:
+            console.print(f"{rebuilt} runs are complete in the DB on another build of their kernel variant: running "
+                          "them again", markup=False)
         in_scope = select_runs(specs, replace(filters, limit=None))
         todo = select_runs([s for s in specs if s.run_id not in done], filters)
         skipped = sum(1 for s in in_scope if s.run_id in done)

@@ -7,6 +7,7 @@ transaction, so a failure anywhere leaves the database as it was (orchestrator/s
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -210,9 +211,20 @@ def delete_run(engine: Engine, run_id: str) -> IngestCounts:
 
 
 def completed_run_ids(engine: Engine, plan_sha256: str) -> set[str]:
-    """run_ids of the plan's runs whose status is 'complete' (the ones `tcplab run` skips); failed and refused
-    runs are tried again."""
-    stmt = select(tables.run.c.run_id).where(tables.run.c.plan_sha256 == plan_sha256,
-                                             tables.run.c.status == "complete")
+    """run_ids of the plan's runs whose status is 'complete'; failed and refused runs are tried again."""
+    return set(completed_builds(engine, plan_sha256))
+
+
+def completed_builds(engine: Engine, plan_sha256: str) -> dict[str, dict[str, str | None]]:
+    """The plan's complete runs, each with the kernel build key its hosts ran (role -> key, None for a
+    distribution or unbuilt kernel), read from the stored specs: `tcplab run` skips a run only when it is
+    complete on the same builds (docs/kernels.md)."""
+    stmt = select(tables.run.c.run_id, tables.run.c.spec).where(tables.run.c.plan_sha256 == plan_sha256,
+                                                                 tables.run.c.status == "complete")
+    out = {}
     with engine.connect() as conn:
-        return set(conn.scalars(stmt))
+        for run_id, spec in conn.execute(stmt):
+            doc = json.loads(spec) if isinstance(spec, str) else spec
+            hosts = doc.get("hosts", {}) if isinstance(doc, dict) else {}
+            out[run_id] = {role: (h.get("kernel") or {}).get("build_key") for role, h in hosts.items()}
+    return out

@@ -22,7 +22,7 @@ from sqlalchemy import select, text
 from orchestrator.storage import bulk, pgcopy, records, tables
 from orchestrator.storage.db import open_db
 from orchestrator.storage.run_ingest import IngestCounts, IngestError, RunIngest, validate
-from orchestrator.storage.writer import completed_run_ids, delete_run, write_run
+from orchestrator.storage.writer import completed_builds, completed_run_ids, delete_run, write_run
 
 # conn: 2 points x (IPv4, IPv6 flow) x (TCP, UDP)
 EXPECTED_100K = {"plan": 1, "run": 1, "flow": 2, "artifact": 2, "host_evidence": 6, "capture_point": 2,
@@ -195,6 +195,16 @@ def test_completed_run_ids(engine) -> None:
     assert completed_run_ids(engine, PLAN_SHA) == {"c-0001"}
     assert completed_run_ids(engine, "b" * 64) == {"c-0003"}
     assert completed_run_ids(engine, "c" * 64) == set()
+
+
+def test_completed_runs_name_the_kernel_builds_they_ran_on(engine) -> None:
+    """`tcplab run` skips a complete run only on the same builds: the stored spec says which build each host
+    ran (hosts.<role>.kernel.build_key; absent for a distribution kernel or none asked)."""
+    built = {"name": "fix", "vanilla": False, "release": "6.1.192-fix-0a", "sha256": "s", "build_key": "0a" * 32}
+    stock = {"name": "stock", "vanilla": True, "release": "6.1.0-56-amd64", "sha256": "t"}
+    spec = {"run_id": "k-1", "hosts": {"sender": {"kernel": built}, "aqm": {"kernel": stock}, "receiver": {}}}
+    write_run(engine, RunIngest(run={**run_row("k-1"), "spec": spec}, plan=plan_row()))
+    assert completed_builds(engine, PLAN_SHA) == {"k-1": {"sender": "0a" * 32, "aqm": None, "receiver": None}}
 
 
 # --- pure parts --------------------------------------------------------------------------------------
