@@ -25,16 +25,19 @@ def cmd_lab(args: argparse.Namespace) -> int:
     if args.command and args.action != "exec":
         console.print(f"[red]unexpected arguments for lab {args.action}: {' '.join(args.command)}[/red]")
         return 2
-    if args.action != "up" and (args.kernel or args.vm_roles or args.profile or args.plan):
-        console.print(f"[red]--plan, --profile, --kernel and --vm-roles are for lab up, not lab {args.action}[/red]")
+    if args.action != "up" and (args.kernel or args.vm_roles or args.profile or args.plan or args.kernel_build):
+        console.print(f"[red]--plan, --profile, --kernel, --kernel-build and --vm-roles are for lab up, not lab "
+                      f"{args.action}[/red]")
         return 2
     kind = vm.lab_kind()
     try:
         if args.action == "up":
-            req = lab_request(args.kind, args.plan, args.profile, args.kernel, args.vm_roles)
+            req = lab_request(args.kind, args.plan, args.profile, args.kernel, args.vm_roles, args.kernel_build)
             if req.kind == "vm":
-                inv = vm.up(kernel=vm_image.resolve_package(req.kernel) if req.kernel else None,
-                            vm_roles=req.vm_roles, graph=req.graph)
+                kernel = req.kernel
+                if kernel and not kernel.endswith(".deb"):    # a package, or a pattern (`*`: newest ABI)
+                    kernel = vm_image.resolve_package(kernel)
+                inv = vm.up(kernel=kernel, vm_roles=req.vm_roles, graph=req.graph)
                 v = inv["vm"]
                 console.print(f"lab up (vm): {', '.join(inv['hosts'])}; guests {', '.join(v['roles'])} run "
                               f"{v['package']} ({v['release']}, {v['accel']}, {v['share']}), agents ready "
@@ -225,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--plan", metavar="FILE", type=Path, default=None,
                      help="build the plan's topology (its hosts and links); vm: also boot the Debian kernel "
                      "package the plan's kernel variants name for the guests")
+    lab.add_argument("--kernel-build", metavar="KEY", default=None,
+                     help="vm: boot the guests on a `tcplab kernel build` (key prefix, release or variant name)")
     lab.add_argument("--profile", metavar="FILE", type=Path, default=None,
                      help="with --plan: a testbed profile (experiments/profiles/) names the lab kind, the guests "
                      "and the kernel they boot")

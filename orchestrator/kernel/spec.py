@@ -1,10 +1,10 @@
 """What a kernel build is made of, as data (pure): its inputs, its key, its LOCALVERSION, and the checks on its
 config (docs/kernels.md).
 
-A build's **key** is the sha256 of the canonical inputs: the source (a Debian source package and its version,
-a git URL and the commit the ref resolved to, or a tarball's sha256), every patch's and config fragment's
-sha256 in order, the config base, every out-of-tree module's tree hash, the localversion the plan asked for,
-and the toolchain's versions (gcc, ld, make). Same key, same package contents: the build runs with a fixed
+A build's **key** is the sha256 of the canonical inputs' contents: the source (a Debian source package and its
+version, the commit a git ref resolved to, or a tarball's sha256), every patch's and config fragment's sha256 in
+order, the config base, every out-of-tree module's tree hash, the localversion the plan asked for, and the
+toolchain's versions (gcc, ld, make). Paths and names are not in it. Same key, same package contents: the build runs with a fixed
 timestamp, user and host. The key's first hex digits go into LOCALVERSION, so `uname -r` on a host names the
 exact build it runs.
 """
@@ -58,10 +58,20 @@ class BuildInputs:
     toolchain: dict[str, str] = field(default_factory=dict)
 
     def canonical(self) -> dict:
-        """What the key hashes: everything but the variant's name (a label: two names for one build share it)."""
+        """Everything pinned, names included (metadata.json's `inputs`)."""
         doc = asdict(self)
         del doc["variant"]
         return doc
+
+    def content(self) -> dict:
+        """What the key hashes: contents, not names. The variant's name and the paths patches, fragments,
+        modules and tarballs are given by are labels: the same files under another path or in another clone
+        are the same build. A Debian source package is named by its package name and version."""
+        s = self.source
+        return {"source": [s.kind, s.name if s.kind == "debian-package" else "", s.version],
+                "config_base": self.config_base, "patches": [p.sha256 for p in self.patches],
+                "fragments": [f.sha256 for f in self.fragments], "modules": [m.sha256 for m in self.modules],
+                "localversion": self.localversion, "toolchain": self.toolchain}
 
     @property
     def key(self) -> str:
@@ -69,7 +79,7 @@ class BuildInputs:
 
 
 def build_key(inputs: BuildInputs) -> str:
-    return hashlib.sha256(json.dumps(inputs.canonical(), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(inputs.content(), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def localversion(inputs: BuildInputs) -> str:

@@ -41,8 +41,22 @@ def guests_of(profile: Profile, specs: list, roles: list[str]) -> str:
     return ",".join(chosen)
 
 
+def build_deb(key: str) -> str:
+    """The linux-image package of a `tcplab kernel build` (by key prefix, release or variant name)."""
+    from orchestrator.kernel import cache
+
+    found = cache.find(cache.DEFAULT_ROOT, key)
+    if len(found) != 1:
+        raise LabError(f"--kernel-build {key}: {len(found)} builds match in {cache.DEFAULT_ROOT} (`tcplab kernel ls`)")
+    e = found[0]
+    debs = sorted(e.path.glob(f"linux-image-{e.release}_*.deb"))
+    if not debs:
+        raise LabError(f"build {e.key[:16]} has no linux-image-{e.release} package")
+    return str(debs[0])
+
+
 def lab_request(kind: str | None, plan_path: Path | None, profile_path: Path | None, kernel: str | None,
-                vm_roles: str | None) -> LabRequest:
+                vm_roles: str | None, kernel_build: str | None = None) -> LabRequest:
     from orchestrator.plan import expand, load_plan
     from orchestrator.plan.checks.profile_loader import load_profile
     from orchestrator.plan.model.topology import plan_graph
@@ -56,8 +70,12 @@ def lab_request(kind: str | None, plan_path: Path | None, profile_path: Path | N
             raise LabError(f"--kind {kind}, but profile {profile.name} is for a {profile.testbed.kind} lab")
         kind = profile.testbed.kind
     kind = kind or DEFAULT_KIND
-    if (kernel or vm_roles) and kind != "vm":
-        raise LabError("--kernel and --vm-roles need --kind vm")
+    if (kernel or vm_roles or kernel_build) and kind != "vm":
+        raise LabError("--kernel, --kernel-build and --vm-roles need --kind vm")
+    if kernel_build:
+        if kernel:
+            raise LabError("give --kernel (a Debian package) or --kernel-build (a tcplab build), not both")
+        kernel = build_deb(kernel_build)
     if plan_path is None:
         if profile is not None:
             raise LabError("--profile adapts a plan: give --plan FILE too")

@@ -62,16 +62,19 @@ VM_PROCESSES = ("qemu-", "virtiofsd-")  # supervisor children of a guest, named 
 
 def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, kernel: str | None = None,
        timeout_s: float = 180.0, vm_roles: tuple[str, ...] = ("aqm",), graph: Graph | None = None) -> dict:
-    """The lab of `graph` (default: the quickstart's chain) with `vm_roles` as guests, the rest namespaces."""
+    """The lab of `graph` (default: the quickstart's chain) with `vm_roles` as guests, the rest namespaces.
+    `kernel`: a Debian kernel image package, or the path of a linux-image .deb (a tcplab build)."""
     topo = netns_topology(prefix) if graph is None else lab_topology(graph, prefix)
     vm_roles = check_vm_roles(topo, vm_roles)
+    deb = Path(kernel) if kernel and kernel.endswith(".deb") else None   # a `tcplab kernel build` package
+    package = deb.name.split("_")[0] if deb else kernel
     if inventory_path(state_dir).exists() or netns.lab_namespaces(prefix):
         kind = lab_kind(state_dir)
         if kind != "vm" and netns.status(state_dir, prefix)["healthy"]:
             raise LabError(f"a {kind} lab is up in {state_dir}: run `tcplab lab down` first")
         if kind == "vm" and status(state_dir, prefix)["healthy"]:
             inv = json.loads(inventory_path(state_dir).read_text())
-            if (kernel not in (None, inv["vm"]["package"]) or tuple(inv["vm"]["roles"]) != vm_roles
+            if (package not in (None, inv["vm"]["package"]) or tuple(inv["vm"]["roles"]) != vm_roles
                     or inv.get("topology") != netns.topology_dict(topo)):
                 raise LabError(f"a vm lab with {inv['vm']['package']} and guests {', '.join(inv['vm']['roles'])} "
                                "is up: run `tcplab lab down` first")
@@ -79,7 +82,7 @@ def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, kernel: str | None
         down(state_dir, prefix)
     if missing := missing_tools():
         raise LabError("the VM lab needs " + ", ".join(missing) + ": run `make vm-deps`")
-    image = vm_image.ensure_image(kernel)
+    image = vm_image.ensure_image(None if deb else kernel, deb=deb)
     accel = choose_accel(image)
     ns_roles = tuple(r for r in topo.roles if r not in vm_roles)
     nodes = namespace_nodes(topo, vm_roles)

@@ -166,11 +166,15 @@ def _build_initramfs(vdir: Path, release: str, share: str) -> Path:
     return path
 
 
-def ensure_image(package: str | None = None, timeout_s: float = 600.0) -> KernelImage:
-    """Download/unpack/build what is missing for `package` (default: newest 6.1 generic) and return it."""
+def ensure_image(package: str | None = None, timeout_s: float = 600.0, deb: Path | None = None) -> KernelImage:
+    """Download/unpack/build what is missing for `package` (default: newest 6.1 generic) and return it; or, with
+    `deb`, for a kernel package already on disk (a `tcplab kernel build`, docs/kernels.md)."""
     started = time.monotonic()
-    package = check_package(package or default_package())
-    version = package_version(package)
+    if deb is not None:
+        package, version = deb.name.split("_")[0], deb.name.split("_")[1]
+    else:
+        package = check_package(package or default_package())
+        version = package_version(package)
     vdir = CACHE_ROOT / package / version
     vdir.mkdir(parents=True, exist_ok=True)
     with open(CACHE_ROOT / package / ".lock", "w") as lock:
@@ -178,7 +182,8 @@ def ensure_image(package: str | None = None, timeout_s: float = 600.0) -> Kernel
         built = False
         subset_file = vdir / "subset"
         if not (vdir / "release").exists() or not subset_file.exists() or subset_file.read_text() != subset_key():
-            debs = sorted(vdir.glob("*.deb")) or [_download(package, vdir, timeout_s)]
+            debs = sorted(vdir.glob("*.deb")) or [Path(shutil.copy(deb, vdir)) if deb is not None
+                                                  else _download(package, vdir, timeout_s)]
             _unpack(debs[0], vdir, timeout_s)
             built = True
         release = (vdir / "release").read_text().strip()

@@ -45,7 +45,7 @@ CONFIG_NR_CPUS=64
 """
 
 
-def test_the_key_follows_every_input_but_the_name():
+def test_the_key_follows_every_input_but_the_variant_name():
     k = INPUTS.key
     assert len(k) == 64 and dataclasses.replace(INPUTS, variant="other-name").key == k
     changed = [
@@ -53,7 +53,7 @@ def test_the_key_follows_every_input_but_the_name():
         dataclasses.replace(INPUTS, config_base="defconfig"),
         dataclasses.replace(INPUTS, patches=(FileInput("patches/a.patch", "ab" * 32),)),
         dataclasses.replace(INPUTS, patches=()),
-        dataclasses.replace(INPUTS, fragments=(FileInput("configs/other.config", "bb" * 32),)),
+        dataclasses.replace(INPUTS, fragments=(FileInput("configs/net.config", "bc" * 32),)),
         dataclasses.replace(INPUTS, modules=(FileInput("modules/x", "cc" * 32),)),
         dataclasses.replace(INPUTS, localversion="-other"),
         dataclasses.replace(INPUTS, toolchain={**INPUTS.toolchain, "gcc": "gcc 13.1"}),
@@ -178,3 +178,16 @@ experiments:
     assert "patch " in missing["broken"] and "gone.patch: no such file" in missing["broken"]
     assert "build_key" in specs[0].model_dump(mode="json")["hosts"]["client"]["kernel"]
     assert "build_key" not in specs[0].model_dump(mode="json")["hosts"]["aqm"]["kernel"]
+
+
+def test_the_key_follows_contents_not_paths():
+    moved = dataclasses.replace(INPUTS, patches=(FileInput("/elsewhere/clone/patches/a.patch", "aa" * 32),),
+                                fragments=(FileInput("other/net.config", "bb" * 32),))
+    assert moved.key == INPUTS.key
+    a = dataclasses.replace(INPUTS, source=SourceRef("tarball", "/a/linux.tar.xz", "cc" * 32))
+    b = dataclasses.replace(INPUTS, source=SourceRef("tarball", "/b/copy.tar.xz", "cc" * 32))
+    c = dataclasses.replace(INPUTS, source=SourceRef("git", "/srv/linux", "dd" * 20))
+    d = dataclasses.replace(INPUTS, source=SourceRef("git", "/home/me/linux", "dd" * 20))
+    assert a.key == b.key and c.key == d.key and a.key != c.key
+    assert dataclasses.replace(INPUTS, source=SourceRef("debian-package", "linux-source-6.12", "6.1.192-2")).key \
+        != INPUTS.key
