@@ -5,8 +5,8 @@ A build's **key** is the sha256 of the canonical inputs' contents: the source (a
 version, the commit a git ref resolved to, or a tarball's sha256), every patch's and config fragment's sha256 in
 order, the config base, every out-of-tree module's tree hash, the localversion the plan asked for, and the
 toolchain's versions (gcc, ld, make). Paths and names are not in it. Same key, same package contents: the build
-runs with a fixed timestamp, user and host. The key's first hex digits go into LOCALVERSION, so `uname -r` on a host names the
-exact build it runs.
+runs with a fixed timestamp, user and host. The key's first hex digits go into LOCALVERSION, so `uname -r` on a
+host names the exact build it runs.
 """
 from __future__ import annotations
 
