@@ -3,14 +3,16 @@
 Debian's linux-source-6.1, tinyconfig + experiments/kernels/configs/vm-guest.config (everything a guest needs,
 built in) + experiments/kernels/patches/tcp-init-cwnd-16.patch (TCP_INIT_CWND 10 -> 16). The aqm and the
 server (the sender) boot the build; `uname -r` and the agent's hello name its release, LOCALVERSION and key
-included. With 50 ms of netem on the aqm, the sender's first flight is alone in its round trip: it carries
-16 full segments, where a stock kernel sends 10. The build is cached (/var/cache/tcplab/kernels): the first
-run of this test builds it (~6-10 min on 2 cores), later ones boot it at once.
+included. With 50 ms of netem on the aqm, the first flight of a socket that writes as soon as it connects is
+alone in its round trip: it carries 16 full segments, where a stock kernel sends 10. The build is cached
+(/var/cache/tcplab/kernels): the first run of this test builds it (~6-10 min on 2 cores), later ones boot it
+at once.
 """
 from __future__ import annotations
 
 import asyncio
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -41,6 +43,18 @@ run:
   traffic: {{src: server, dst: client, cc: reno, flows: 1}}
 """
 MSS = 1448          # 1500 - 20 (IP) - 20 (TCP) - 12 (timestamps)
+PORT = 5999
+RECEIVER = f"""import socket, sys
+s = socket.create_server((sys.argv[1], {PORT}))
+c, _ = s.accept()
+while c.recv(1 << 16):
+    pass
+"""
+SENDER = f"""import socket, sys
+s = socket.create_connection((sys.argv[1], {PORT}), timeout=20)
+s.sendall(b"x" * 300_000)
+s.close()
+"""
 
 
 def hello_release(inv: dict, role: str) -> str:
@@ -85,16 +99,17 @@ def test_a_patched_build_boots_in_a_guest_and_sends_a_first_flight_of_16(tmp_pat
                             "limit", "1000"], state_dir, role="aqm")
         assert tc.returncode == 0, tc.stderr
         client_ns = inv["hosts"]["client"]["namespace"]
-        server = subprocess.Popen(["ip", "netns", "exec", client_ns, "iperf3", "-s", "-1"],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client_addr = inv["hosts"]["client"]["interfaces"]["to-aqm"]["addr"]
+        # a plain socket pair, no application handshake: the sender's first flight is its initial window
+        server = subprocess.Popen(["ip", "netns", "exec", client_ns, sys.executable, "-c", RECEIVER, client_addr])
         pcap = tmp_path / "client.pcap"
         dump = subprocess.Popen(["ip", "netns", "exec", client_ns, "tcpdump", "-i", "to-aqm", "-s", "96", "-w",
                                  str(pcap), "-U", "tcp"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             time.sleep(1.5)
-            client_addr = inv["hosts"]["client"]["interfaces"]["to-aqm"]["addr"]
-            run = vm.guest_exec(["iperf3", "-c", client_addr, "-n", "2M", "-C", "reno"], state_dir, role="server")
+            run = vm.guest_exec([sys.executable, "-c", SENDER, client_addr], state_dir, role="server")
             assert run.returncode == 0, run.stdout + run.stderr
+            server.wait(timeout=30)
             time.sleep(0.5)
         finally:
             for p in (dump, server):
