@@ -55,6 +55,20 @@ def scripts_config(tree: Path, *ops: str) -> list[str]:
     return [str(tree / "scripts" / "config"), "--file", str(tree / ".config"), *ops]
 
 
+def deb_raw_extract(deb: Path, dest: Path) -> list[str]:
+    """A package's files and its DEBIAN/ control directory, to be rebuilt (deb_build)."""
+    return ["dpkg-deb", "-R", str(deb), str(dest)]
+
+
+def clamp_mtimes(root: Path) -> list[str]:
+    """Every file's and directory's mtime set to the epoch the build pretends (SOURCE_DATE_EPOCH 0)."""
+    return ["find", str(root), "-exec", "touch", "-h", "-d", "@0", "{}", "+"]
+
+
+def deb_build(root: Path, deb: Path) -> list[str]:
+    return ["dpkg-deb", "--root-owner-group", "-b", str(root), str(deb)]
+
+
 def module_build(tree: Path, module_dir: Path, jobs: int = 1) -> list[str]:
     return ["make", "-C", str(tree), f"-j{jobs}", f"M={module_dir}", "modules"]
 

@@ -107,6 +107,31 @@ def configure(inputs: BuildInputs, tree: Path, work: Path, plan_dir: Path, steps
     return (tree / ".config").read_text()
 
 
+CHANGELOG_DATE = "$(date -R)"      # scripts/package/mkdebian dates the Debian changelog with the build's clock
+
+
+def date_changelog_from_epoch(tree: Path) -> bool:
+    """The kernel's own packaging script dates the changelog with `date -R`: date it from SOURCE_DATE_EPOCH
+    instead (a packaging script, not kernel code: recorded as a step). False when the script does not."""
+    script = tree / "scripts" / "package" / "mkdebian"
+    text = script.read_text() if script.exists() else ""
+    if CHANGELOG_DATE not in text:
+        return False
+    script.write_text(text.replace(CHANGELOG_DATE, '$(date -R -d "@${SOURCE_DATE_EPOCH}")'))
+    return True
+
+
+def repack_clamped(deb: Path, work: Path, steps: _Steps) -> None:
+    """dpkg-deb here does not clamp member mtimes to SOURCE_DATE_EPOCH: unpack, set them, pack again."""
+    root = work / "repack"
+    shutil.rmtree(root, ignore_errors=True)
+    steps.run(f"unpack {deb.name}", argv.deb_raw_extract(deb, root))
+    steps.run(f"clamp mtimes of {deb.name}", argv.clamp_mtimes(root))
+    deb.unlink()
+    steps.run(f"repack {deb.name}", argv.deb_build(root, deb), env=REPRODUCIBLE_ENV)
+    shutil.rmtree(root)
+
+
 def build_modules(inputs: BuildInputs, tree: Path, work: Path, plan_dir: Path, release: str, steps: _Steps,
                   jobs: int) -> list[Path]:
     """Each out-of-tree module built against the variant's own tree; its vermagic must name the release."""
@@ -149,6 +174,9 @@ def build(name: str, variant: KernelVariant, plan_dir: Path, root: Path = cache.
             kernelversion = subprocess.run(argv.make(tree, "kernelversion", extra=("-s",)), capture_output=True,
                                            text=True, check=True).stdout.strip()
             release = kernelversion + localversion(inputs)
+            if date_changelog_from_epoch(tree):
+                steps.commands.append({"step": "date the Debian changelog from SOURCE_DATE_EPOCH",
+                                       "argv": ["edit", "scripts/package/mkdebian"]})
             steps.run("make bindeb-pkg", argv.make(tree, "bindeb-pkg", jobs=jobs), env=REPRODUCIBLE_ENV)
             modules = build_modules(inputs, tree, tmp, plan_dir, release, steps, jobs)
             (out / "config").write_text(config)
@@ -157,6 +185,7 @@ def build(name: str, variant: KernelVariant, plan_dir: Path, root: Path = cache.
                 raise BuildError(f"make bindeb-pkg made no linux-image-{release} package (found: "
                                  f"{', '.join(d.name for d in debs) or 'none'})")
             for deb in debs:
+                repack_clamped(deb, tmp, steps)
                 shutil.move(deb, out / deb.name)
             if modules:
                 (out / "modules").mkdir()

@@ -5,7 +5,7 @@ A build's **key** is the sha256 of the canonical inputs' contents: the source (a
 version, the commit a git ref resolved to, or a tarball's sha256), every patch's and config fragment's sha256 in
 order, the config base, every out-of-tree module's tree hash, the localversion the plan asked for, and the
 toolchain's versions (gcc, ld, make). Paths and names are not in it. The build runs with a fixed timestamp, user
-and host so that the same key gives the same package contents (not reached yet: docs/kernels.md). The key's
+and host so that the same key gives the same package contents (all but the headers' objtool: docs/kernels.md). The key's
 first hex digits go into LOCALVERSION, so `uname -r` on a host names the exact build it runs.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ CONFIG_LINE = re.compile(r"^(CONFIG_[A-Za-z0-9_]+)=(.*)$")
 UNSET_LINE = re.compile(r"^# (CONFIG_[A-Za-z0-9_]+) is not set$")
 LOCALVERSION_CHARS = re.compile(r"[^A-Za-z0-9.+-]")
 # fixed so that two builds of one key give the same packages (Documentation/kbuild/reproducible-builds.rst;
-# not enough yet: docs/kernels.md)
+# with builder.py's changelog date and mtime clamping; docs/kernels.md)
 REPRODUCIBLE_ENV = {"KBUILD_BUILD_TIMESTAMP": "1970-01-01 00:00:00 UTC", "KBUILD_BUILD_USER": "tcplab",
                     "KBUILD_BUILD_HOST": "tcplab", "KBUILD_BUILD_VERSION": "1", "SOURCE_DATE_EPOCH": "0",
                     "KDEB_CHANGELOG_DIST": "tcplab", "LC_ALL": "C", "TZ": "UTC"}

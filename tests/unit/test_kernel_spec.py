@@ -191,3 +191,17 @@ def test_the_key_follows_contents_not_paths():
     assert a.key == b.key and c.key == d.key and a.key != c.key
     assert dataclasses.replace(INPUTS, source=SourceRef("debian-package", "linux-source-6.12", "6.1.192-2")).key \
         != INPUTS.key
+
+
+def test_the_debian_changelog_is_dated_from_the_fixed_epoch(tmp_path):
+    from orchestrator.kernel.builder import date_changelog_from_epoch
+
+    script = tmp_path / "scripts" / "package" / "mkdebian"
+    script.parent.mkdir(parents=True)
+    # the line of linux-source-6.1's scripts/package/mkdebian that dates the changelog
+    script.write_text("cat <<EOF > debian/changelog\n\n -- $maintainer  $(date -R)\nEOF\n")
+    assert date_changelog_from_epoch(tmp_path) is True
+    assert ' -- $maintainer  $(date -R -d "@${SOURCE_DATE_EPOCH}")' in script.read_text()
+    assert date_changelog_from_epoch(tmp_path) is False           # nothing left to change
+    assert argv.clamp_mtimes(Path("/r")) == ["find", "/r", "-exec", "touch", "-h", "-d", "@0", "{}", "+"]
+    assert argv.deb_build(Path("/r"), Path("/x.deb")) == ["dpkg-deb", "--root-owner-group", "-b", "/r", "/x.deb"]
