@@ -3,7 +3,6 @@ executors. Effects live here and in agents/host and agents/tasks; message rules 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
 import logging
 import os
@@ -25,6 +24,7 @@ from agents.ownership import RUN_OPS, RunOwnership, SessionId
 from agents.session import MAX_FRAME_CHARS, AgentSession, Dispatch, encode_error, encode_event, encode_result
 from agents.tasks import TaskRunner, make_runner
 from schemas import allowlist, protocol
+from schemas.digest import sha256_file
 
 log = logging.getLogger("tcplab.agent")
 AGENT_VERSION = "0.1.0"
@@ -248,7 +248,7 @@ class Agent:
         for runner in self.runners:
             for path, kind in runner.artifacts():
                 info = protocol.ArtifactInfo(name=path.name, task_id=runner.task_id, kind=kind,
-                                             size=path.stat().st_size, sha256=_sha256(path),
+                                             size=path.stat().st_size, sha256=sha256_file(path),
                                              meta=runner.meta)
                 await ws.send(encode_event("artifact", info.model_dump(mode="json")))
                 with open(path, "rb") as fh:
@@ -309,14 +309,6 @@ class _Refused(Exception):
     def __init__(self, code: str, message: str, field: str | None = None):
         super().__init__(message)
         self.code, self.field = code, field
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def ensure_tracefs() -> None:

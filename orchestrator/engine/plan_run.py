@@ -27,7 +27,7 @@ from orchestrator.inventory import load_inventory
 from orchestrator.lab.netns import inventory_path
 from orchestrator.plan import PlanError, expand, load_plan, plan_sha256
 from orchestrator.plan.checks.profile_loader import load_profile
-from orchestrator.plan.expansion.adapt import adapt_kernels
+from orchestrator.plan.expansion.adapt import effective_kernels
 from orchestrator.storage.db import open_db
 from orchestrator.storage.writer import completed_builds
 
@@ -59,8 +59,8 @@ async def run_plan(plan_path: Path, db_url: str | None, inventory: Path | None, 
     except PlanError as exc:
         console.print(str(exc), markup=False)
         return 2
-    kernels = plan.kernels if profile is None else adapt_kernels(plan.kernels, profile.kernels)[0]
-    specs, unbuilt = attach_builds(run_order(expand(plan, profile=profile)), kernels, plan_path.parent)
+    specs, unbuilt = attach_builds(run_order(expand(plan, profile=profile)), effective_kernels(plan.kernels, profile),
+                                   plan_path.parent)
     for name, why in unbuilt.items():
         console.print(f"kernel variant {name}: {why}", style="yellow", markup=False)
     if wrong := unknown_filter_values(specs, filters):

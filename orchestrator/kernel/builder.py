@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.kernel import argv, cache
-from orchestrator.kernel.sources import SourceError, fetch_tree, plan_file, resolve, sha256_file
+from orchestrator.kernel.sources import SourceError, fetch_tree, plan_file, resolve
 from orchestrator.kernel.spec import REPRODUCIBLE_ENV, BuildInputs, dropped_symbols, localversion, parse_config
 from orchestrator.plan.model.kernels import KernelVariant
+from schemas.digest import sha256_file
 
 log = logging.getLogger(__name__)
 STEP_TIMEOUT_S = 6 * 3600          # a Debian-config build on 2 cores takes hours; a hung step does not

@@ -16,12 +16,10 @@ def _variant(plan_path: Path, name: str, profile_path: Path | None):
     stand-in: Debian's source with the study's patches)."""
     from orchestrator.plan import load_plan
     from orchestrator.plan.checks.profile_loader import load_profile
-    from orchestrator.plan.expansion.adapt import adapt_kernels
+    from orchestrator.plan.expansion.adapt import effective_kernels
 
     plan = load_plan(plan_path)
-    kernels = plan.kernels
-    if profile_path is not None:
-        kernels, _ = adapt_kernels(plan.kernels, load_profile(profile_path).kernels)
+    kernels = effective_kernels(plan.kernels, load_profile(profile_path) if profile_path is not None else None)
     if name not in kernels:
         known = ", ".join(sorted(kernels)) or "none"
         raise SourceError(f"{plan_path}: no kernel variant {name!r} (the plan has: {known})")

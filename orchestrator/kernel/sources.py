@@ -4,8 +4,10 @@ starts fails here, at once and clearly: a patch file that is not there, a Debian
 a git URL this machine cannot reach (no internet: said in seconds, not after a clone times out)."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
+import shutil
 import subprocess
 from pathlib import Path
 from urllib.parse import urlparse
@@ -13,6 +15,8 @@ from urllib.parse import urlparse
 from orchestrator.kernel import argv
 from orchestrator.kernel.spec import BuildInputs, FileInput, SourceRef
 from orchestrator.plan.model.kernels import KernelVariant
+from schemas import procs
+from schemas.digest import sha256_file
 
 REMOTE_TIMEOUT_S = 15.0
 MAX_INPUT_FILES = 2000          # files hashed in one module tree
@@ -23,19 +27,14 @@ class SourceError(RuntimeError):
 
 
 def run(cmd: list[str], timeout: float, cwd: Path | None = None) -> str:
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, check=False)
-    if done.returncode != 0:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        raise SourceError(f"{' '.join(cmd)} exited {done.returncode}: {' / '.join(tail)}")
-    return done.stdout
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    """schemas.procs.run, its failures as SourceError (the last lines of what the tool said)."""
+    try:
+        return procs.run(cmd, timeout=timeout, cwd=str(cwd) if cwd else None).stdout
+    except procs.CommandFailed as exc:
+        raise SourceError(f"{' '.join(cmd)} exited {exc.returncode}: {' / '.join(exc.stderr.splitlines()[-3:])}") \
+            from None
+    except subprocess.TimeoutExpired:
+        raise SourceError(f"{' '.join(cmd)}: no result within {timeout:.0f} s") from None
 
 
 def tree_sha256(root: Path) -> str:
@@ -66,7 +65,7 @@ def git_commit(url: str, ref: str, plan_dir: Path) -> str:
     if is_remote(url):
         try:
             out = run(argv.git_ls_remote(url, ref), REMOTE_TIMEOUT_S)
-        except (SourceError, subprocess.TimeoutExpired) as exc:
+        except SourceError as exc:
             raise SourceError(f"git source {url} is unreachable from this machine (no internet access, or the "
                               f"server refused): {exc}. Use a local clone (`git: /path/to/linux`), a tarball on "
                               "disk, or a Debian source package (`package: linux-source-6.1`)") from None
@@ -79,7 +78,7 @@ def apt_version(package: str) -> str:
     """apt's candidate version of a Debian source package (which `apt-get download` fetches)."""
     try:
         out = run(argv.apt_candidate(package), 60)
-    except (SourceError, subprocess.TimeoutExpired) as exc:
+    except SourceError as exc:
         raise SourceError(f"apt cannot tell the version of {package}: {exc}") from None
     m = re.search(r"Candidate: (\S+)", out)
     if not m or m.group(1) == "(none)":
@@ -87,14 +86,20 @@ def apt_version(package: str) -> str:
     return m.group(1)
 
 
-def toolchain() -> dict[str, str]:
-    out = {}
+@functools.cache
+def _toolchain() -> tuple[tuple[str, str], ...]:
+    out = []
     for tool, cmd in argv.toolchain_versions().items():
         try:
-            out[tool] = run(cmd, 30).splitlines()[0].strip()
-        except (SourceError, FileNotFoundError) as exc:
+            out.append((tool, run(cmd, 30).splitlines()[0].strip()))
+        except SourceError as exc:
             raise SourceError(f"the kernel build needs {tool}: {exc}") from None
-    return out
+    return tuple(out)
+
+
+def toolchain() -> dict[str, str]:
+    """gcc, ld and make versions, asked once per process (`tcplab run` pins every variant of a plan)."""
+    return dict(_toolchain())
 
 
 def source_ref(variant: KernelVariant, plan_dir: Path) -> SourceRef:
@@ -144,8 +149,6 @@ def fetch_tree(inputs: BuildInputs, work: Path) -> Path:
     (work / "src").mkdir()
     run(argv.untar(tarball, work / "src"), 1800)
     if s.kind == "debian-package":
-        import shutil
-
         shutil.rmtree(work / "pkg")
     tops = [p for p in (work / "src").iterdir() if p.is_dir()]
     if len(tops) != 1 or not (tops[0] / "Makefile").exists():

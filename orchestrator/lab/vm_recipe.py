@@ -18,6 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from orchestrator.plan.model.kernels import abi_pattern
+
 DEFAULT_SERIES = "6.1.0"
 # Debian kernel image packages: linux-image-6.1.0-56-amd64 (bookworm), linux-image-6.12.43+deb12-amd64
 PACKAGE_RE = re.compile(r"^linux-image-(?P<abi>\d+\.\d+\.\d+(-\d+|\+deb\d+))-(?P<flavour>amd64|cloud-amd64|rt-amd64)"
@@ -80,10 +82,9 @@ def newest_matching(names: Iterable[str], pattern: str) -> str | None:
     at the `*` (the ABI number) are the largest."""
     if "*" not in pattern:
         return pattern if pattern in {n.strip() for n in names} else None
-    head, _, tail = pattern.partition("*")
-    best: tuple[int, str] | None = None
+    rx, best = abi_pattern(pattern), None
     for name in names:
-        m = re.fullmatch(re.escape(head) + r"(\d+)" + re.escape(tail), name.strip())
+        m = rx.fullmatch(name.strip())
         if m and (best is None or int(m.group(1)) > best[0]):
             best = (int(m.group(1)), name.strip())
     return best[1] if best else None

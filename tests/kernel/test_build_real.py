@@ -19,11 +19,11 @@ import pytest
 from sqlalchemy import select
 
 from orchestrator.kernel import builder, cache
-from orchestrator.kernel.sources import sha256_file
 from orchestrator.plan import load_plan
 from orchestrator.storage import tables
 from orchestrator.storage.db import open_db
 from orchestrator.storage.kernel_builds import upsert_build
+from schemas.digest import sha256_file
 from tests.support.shipped import ROOT
 
 KERNELS = ROOT / "experiments" / "kernels"

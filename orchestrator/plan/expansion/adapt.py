@@ -77,6 +77,11 @@ def _origin(v: KernelVariant) -> str:
     return base + (f" + {', '.join(extras)}" if extras else "")
 
 
+def effective_kernels(kernels: dict[str, KernelVariant], profile: Profile | None) -> dict[str, KernelVariant]:
+    """The variants a plan's runs ask for on a testbed: the plan's, substituted by the profile if any."""
+    return kernels if profile is None else adapt_kernels(kernels, profile.kernels)[0]
+
+
 def adapt_kernels(kernels: dict[str, KernelVariant], rules: list[KernelRule]
                   ) -> tuple[dict[str, KernelVariant], dict[str, Substitution]]:
     """The plan's variants with the profile's substitutions, and the substitution made for each name. A

@@ -92,12 +92,13 @@ class KernelVariant(Strict):
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
+def abi_pattern(pattern: str) -> re.Pattern[str]:
+    """A package or release name with one `*` standing for the ABI number (digits, captured as group 1)."""
+    head, _, tail = pattern.partition("*")
+    return re.compile(re.escape(head) + (r"([0-9]+)" + re.escape(tail) if "*" in pattern else ""))
+
+
 def release_matches(expected: str | None, actual: str) -> bool:
     """A host's `uname -r` against a variant's expected release (None: any; `*`: the ABI number of a
     package pattern, digits only)."""
-    if expected is None:
-        return True
-    if "*" not in expected:
-        return expected == actual
-    head, _, tail = expected.partition("*")
-    return re.fullmatch(re.escape(head) + r"[0-9]+" + re.escape(tail), actual) is not None
+    return expected is None or abi_pattern(expected).fullmatch(actual) is not None
