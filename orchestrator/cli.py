@@ -25,15 +25,28 @@ def cmd_lab(args: argparse.Namespace) -> int:
     if args.command and args.action != "exec":
         console.print(f"[red]unexpected arguments for lab {args.action}: {' '.join(args.command)}[/red]")
         return 2
-    if args.action != "up" and (args.kernel or args.vm_roles or args.profile or args.plan or args.kernel_build):
-        console.print(f"[red]--plan, --profile, --kernel, --kernel-build and --vm-roles are for lab up, not lab "
+    if args.action != "up" and (args.kernel or args.vm_roles or args.profile or args.plan or args.kernel_build
+                                or args.disk):
+        console.print("[red]--plan, --profile, --kernel, --kernel-build, --vm-roles and --disk are for lab up, "
+                      "not lab "
                       f"{args.action}[/red]")
         return 2
     kind = vm.lab_kind()
     try:
         if args.action == "up":
-            req = lab_request(args.kind, args.plan, args.profile, args.kernel, args.vm_roles, args.kernel_build)
-            if req.kind == "vm":
+            req = lab_request("vm" if args.disk and not args.kind else args.kind, args.plan, args.profile,
+                              args.kernel, args.vm_roles, args.kernel_build)
+            if args.disk and req.kind != "vm":
+                console.print("[red]--disk is for the vm lab (--kind vm)[/red]")
+                return 2
+            if req.kind == "vm" and args.disk:
+                inv = vm.up(vm_roles=req.vm_roles, graph=req.graph, disk=True, timeout_s=300)
+                v = inv["vm"]
+                ssh = ", ".join(f"{r} ssh 127.0.0.1:{g['ssh_port']} after {g.get('ssh_s', '?')} s"
+                                for r, g in v["guests"].items())
+                console.print(f"lab up (vm, disk guests): {', '.join(inv['hosts'])}; {ssh}; inventory "
+                              f"{netns.inventory_path().with_suffix('.ini')}; next: `tcplab provision`")
+            elif req.kind == "vm":
                 kernel = req.kernel
                 if kernel and not kernel.endswith(".deb"):    # a package, or a pattern (`*`: newest ABI)
                     kernel = vm_image.resolve_package(kernel)
@@ -58,7 +71,8 @@ def cmd_lab(args: argparse.Namespace) -> int:
                 names = ' '.join(st['namespaces']) or '-'
                 console.print(f"healthy: {st['healthy']}  kind: {kind}  namespaces: {names}")
                 for role, g in st.get("vm", {}).get("guests", {}).items():
-                    console.print(f"  vm {role}: {st['vm']['package']} ({st['vm']['accel']}) pid {g['pid']} "
+                    kernel = st['vm'].get('package') or 'disk'
+                    console.print(f"  vm {role}: {kernel} ({st['vm']['accel']}) pid {g['pid']} "
                                   f"alive {g['alive']}; console {g['console']}")
                 for a in st["agents"]:
                     where = f"pid {a['pid']}" if a.get("pid") else f"in the VM, {a.get('agent')}"
@@ -88,10 +102,35 @@ def _lab_exec(kind: str, command: list[str]) -> int:
         return 2
     if host.namespace:
         return subprocess.run(["ip", "netns", "exec", host.namespace, *argv], check=False).returncode
+    if host.ssh:
+        from orchestrator.lab.vm_disk_lab import ssh_argv
+        return subprocess.run(ssh_argv(json.loads(netns.inventory_path().read_text()), role, argv),
+                              check=False).returncode
     done = vm.guest_exec(argv, role=role)
     sys.stdout.write(done.stdout)
     sys.stderr.write(done.stderr)
     return done.returncode
+
+
+def cmd_provision(args: argparse.Namespace) -> int:
+    from orchestrator.ansible.bundle import BundleError
+    from orchestrator.ansible.provision import calibrate_lab_guests, provision
+    from orchestrator.inventory import InventoryError
+    from orchestrator.lab import netns
+
+    path = args.inventory or netns.inventory_path().with_suffix(".ini")
+    try:
+        result = provision(path, console)
+        if result.ok and args.inventory is None:
+            calibrate_lab_guests(netns.inventory_path(), console)
+    except (InventoryError, BundleError, FileNotFoundError) as exc:
+        console.print(f"[red]provision failed:[/red] {exc}")
+        return 2
+    for host, stats in sorted(result.stats.items()):
+        console.print(f"  {host}: ok {stats.get('ok', 0)} changed {stats.get('changed', 0)} "
+                      f"failed {stats.get('failures', 0)} unreachable {stats.get('unreachable', 0)}")
+    console.print(f"provision: {'ok' if result.ok else 'FAILED'}; {result.changes} change(s)")
+    return 0 if result.ok else 1
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -236,6 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--vm-roles", metavar="ROLES", default=None,
                      help="vm: which hosts are guests: aqm (default; the endpoints are namespaces), "
                           "e.g. aqm,server, or all (the senders then run the guest kernel: dctcp, ...)")
+    lab.add_argument("--disk", action="store_true", help="vm lab: the guests are real hosts booting their own "
+                     "Debian disk (sshd, python3), provisioned by `tcplab provision` (docs/vm-lab.md#disk-guests)")
     lab.add_argument("command", nargs="*", help="exec: ROLE -- CMD [ARG...]")
     lab.set_defaults(func=cmd_lab)
 
@@ -266,6 +307,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--limit", type=int, metavar="N", help="at most the next N runs (in run order) of those "
                      "selected and not complete")
     run.set_defaults(func=cmd_run)
+
+    prov = sub.add_parser("provision", help="playbooks/site.yml on the testbed's hosts: tools, the agent as a "
+                          "systemd unit with its token, host tuning (docs/provisioning.md)")
+    prov.add_argument("--inventory", type=Path, default=None, help="an Ansible INI inventory (default: the lab's)")
+    prov.set_defaults(func=cmd_provision)
 
     from orchestrator.kernel.commands import add_parser as add_kernel_parser
 

@@ -50,6 +50,11 @@ class HostEntry(_Strict):
     # defaults of schemas/allowlist.py); the labs' supervisor starts the agents with them
     allow_sysctl: list[str] = Field(default_factory=list, description="sysctl prefixes the agent may write")
     allow_module: list[str] = Field(default_factory=list, description="modules the agent may load and configure")
+    # how Ansible reaches the host (playbooks/site.yml, kernel-install.yml): its connection variables
+    ssh: dict[str, str] | None = Field(None, description="Ansible connection variables (ansible_host, ansible_port, "
+                                       "ansible_user, ansible_ssh_private_key_file, ansible_ssh_common_args)")
+    agent_listen: str | None = Field(None, description="where the agent listens on the host, when the manager "
+                                     "reaches it at another address (`agent`; e.g. through a port forward)")
 
     def iface_toward(self, role: str) -> str:
         for name, entry in self.interfaces.items():

@@ -32,7 +32,9 @@ from pydantic import ValidationError
 from orchestrator.inventory import InterfaceEntry, Inventory, InventoryError
 
 NOT_ROLES = frozenset({"all", "ungrouped", "manager"})
-HOST_VARS = ("agent_url", "data_ifaces", "allow_sysctl", "allow_module", "tcplab_namespace")
+HOST_VARS = ("agent_url", "data_ifaces", "allow_sysctl", "allow_module", "tcplab_namespace", "tcplab_agent_listen")
+# Ansible's connection variables a host may carry: the playbooks reach it with them
+SSH_VARS = ("ansible_host", "ansible_port", "ansible_user", "ansible_ssh_private_key_file", "ansible_ssh_common_args")
 # testbed-wide variable -> Inventory field
 TESTBED_VARS = {"tcplab_token_file": "token_file", "tcplab_kind": "kind", "tcplab_tls_ca": "tls_ca",
                 "tcplab_tls_client_cert": "tls_client_cert", "tcplab_tls_client_key": "tls_client_key"}
@@ -108,6 +110,11 @@ def _host_entry(host: IniHost) -> dict[str, Any]:
     entry: dict[str, Any] = {"agent": agent, "interfaces": _interfaces(host, v["data_ifaces"])}
     if "tcplab_namespace" in v:
         entry["namespace"] = _text(host, "tcplab_namespace", v["tcplab_namespace"])
+    if "tcplab_agent_listen" in v:
+        entry["agent_listen"] = _text(host, "tcplab_agent_listen", v["tcplab_agent_listen"])
+    ssh = {k: str(v[k]) for k in SSH_VARS if k in v}
+    if ssh:
+        entry["ssh"] = ssh
     for var in ("allow_sysctl", "allow_module"):
         if var in v:
             entry[var] = _names(host, var, v[var])
@@ -201,6 +208,9 @@ def to_ini(inv: Inventory) -> str:
         hv: dict[str, Any] = {"agent_url": host.agent, "data_ifaces": ifaces}
         if host.namespace:
             hv["tcplab_namespace"] = host.namespace
+        if host.agent_listen:
+            hv["tcplab_agent_listen"] = host.agent_listen
+        hv.update(host.ssh or {})
         for var in ("allow_sysctl", "allow_module"):
             if getattr(host, var):
                 hv[var] = getattr(host, var)
@@ -243,11 +253,22 @@ def load_ini_inventory(path: Path) -> Inventory:
     """Read `path` with Ansible's InventoryManager/VariableManager and map it; errors name FILE:LINE, host, var."""
     if not path.exists():
         raise FileNotFoundError(f"{path}: no inventory")
+    path = path.resolve()
+    hosts = ansible_hosts(path)
+    try:
+        return inventory_from_hosts(hosts)
+    except IniVarError as exc:
+        line = _line_of(path, exc.host, exc.var)
+        var = f" {exc.var}:" if exc.var else ""
+        raise InventoryError(f"{path}{f':{line}' if line else ''}: host {exc.host}:{var} {exc.msg}") from None
+
+
+def ansible_hosts(path: Path) -> list[IniHost]:
+    """Every host of an INI inventory as Ansible's own loader sees it (groups that list it, merged vars)."""
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
     from ansible.vars.manager import VariableManager
 
-    path = path.resolve()
     loader = DataLoader()
     manager = InventoryManager(loader=loader, sources=[str(path)])
     if not manager.hosts:
@@ -255,14 +276,12 @@ def load_ini_inventory(path: Path) -> Inventory:
     variables = VariableManager(loader=loader, inventory=manager)
     direct = {h.name: tuple(g.name for g in manager.groups.values() if h in g.hosts)
               for h in manager.hosts.values()}
-    hosts = [IniHost(h.name, direct[h.name], _plain(variables.get_vars(host=h)))
-             for h in manager.hosts.values()]
-    try:
-        return inventory_from_hosts(hosts)
-    except IniVarError as exc:
-        line = _line_of(path, exc.host, exc.var)
-        var = f" {exc.var}:" if exc.var else ""
-        raise InventoryError(f"{path}{f':{line}' if line else ''}: host {exc.host}:{var} {exc.msg}") from None
+    return [IniHost(h.name, direct[h.name], _plain(variables.get_vars(host=h))) for h in manager.hosts.values()]
+
+
+def host_roles(hosts: list[IniHost]) -> dict[str, str]:
+    """Inventory host name -> role (the one role group that lists it; the manager's hosts have none)."""
+    return {h.name: roles[0] for h in hosts if (roles := [g for g in h.groups if g not in NOT_ROLES])}
 
 
 def _ansible_parse_error(loader: Any, path: Path) -> str:

@@ -158,8 +158,19 @@ class Request(_Msg):
 
 # ---------------------------------------------------------------- results
 
+class KernelBuild(_Msg):
+    """What playbooks/kernel-install.yml recorded when it installed the running kernel
+    (/etc/tcplab/kernels/<release>.json on the host)."""
+    release: str
+    variant: str | None = None
+    build_key: str | None = Field(None, description="the tcplab build key (docs/kernels.md); None for a "
+                                  "distribution package")
+
+
 class Capabilities(_Msg):
     kernel_release: str
+    kernel_build: KernelBuild | None = Field(None, description="the installed variant of the running kernel, "
+                                             "when tcplab installed it")
     qdiscs: list[str] = Field(description="qdisc kinds the kernel really accepted when probed")
     congestion_controls: list[str] = Field(description="net.ipv4.tcp_available_congestion_control")
     allowed_congestion_controls: list[str]

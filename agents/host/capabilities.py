@@ -18,7 +18,7 @@ from agents.host.readback import read_coalesce, read_driver, read_features, read
 from agents.host.tunables import congestion_controls
 from schemas import procs
 from schemas.nic import OFFLOAD_LONG_NAMES
-from schemas.protocol import Capabilities
+from schemas.protocol import Capabilities, KernelBuild
 from schemas.qdiscs import KINDS
 
 # qdiscs probed for the record (the hello's capabilities) that no stage builds
@@ -88,6 +88,25 @@ def tcp_socket_diag() -> bool:
         return False
 
 
+KERNEL_RECORDS = Path("/etc/tcplab/kernels")   # written by playbooks/kernel-install.yml
+KERNEL_RECORD_MAX = 4096
+
+
+def installed_build(release: str, records: Path = KERNEL_RECORDS) -> KernelBuild | None:
+    """The record kernel-install.yml left for the running release; None when there is none or it is not one
+    (a root agent reads at most 4 KiB of it and trusts nothing it cannot validate)."""
+    path = records / f"{release}.json"
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(KERNEL_RECORD_MAX + 1)
+        if len(raw) > KERNEL_RECORD_MAX:
+            return None
+        found = KernelBuild.model_validate_json(raw)
+    except (OSError, ValueError):
+        return None
+    return found if found.release == release else None
+
+
 def probe(interfaces: list[str], sysctl_prefixes: list[str], modules: list[str]) -> Capabilities:
     """What the host can do, and what this agent may be asked to write (its allow-lists, reported as given)."""
     root = tracefs_root()
@@ -103,6 +122,7 @@ def probe(interfaces: list[str], sysctl_prefixes: list[str], modules: list[str])
     ccs = congestion_controls()
     return Capabilities(
         kernel_release=os.uname().release,
+        kernel_build=installed_build(os.uname().release),
         qdiscs=probe_qdiscs(),
         congestion_controls=ccs["available"],
         allowed_congestion_controls=ccs["allowed"],

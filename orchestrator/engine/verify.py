@@ -143,6 +143,11 @@ def capability_problems(spec: RunSpec, caps: dict[str, protocol.Capabilities]) -
         if hp.kernel is not None and not release_matches(hp.kernel.release, c.kernel_release):
             problems.append(f"host {role} runs kernel {c.kernel_release}, the plan needs variant "
                             f"{hp.kernel.name} (release {hp.kernel.release})")
+        elif (hp.kernel is not None and hp.kernel.build_key and c.kernel_build is not None
+              and c.kernel_build.build_key not in (None, hp.kernel.build_key)):
+            problems.append(f"host {role} runs kernel {c.kernel_release} installed as build "
+                            f"{c.kernel_build.build_key[:12]}, the plan needs variant {hp.kernel.name} build "
+                            f"{hp.kernel.build_key[:12]}")
         for chain in hp.qdiscs.values():
             for stage in chain:
                 if stage.kind not in c.qdiscs:

@@ -21,6 +21,7 @@ import numpy as np
 
 from orchestrator.ingest import qdelay
 from orchestrator.ingest.cpu import CpuSamples, parse_cpu
+from orchestrator.ingest.hosts import host_rows
 from orchestrator.ingest.iperf3 import parse_iperf3
 from orchestrator.ingest.pcap import PcapReader
 from orchestrator.ingest.qdelay_stream import pair_stream
@@ -148,7 +149,8 @@ def assemble(spec: RunSpec, record: RunRecord, run_dir: Path) -> RunIngest:
     qd, pairs = paired_qdelay(spec, flow_rows, captures, conns)
     packets = [(c.label, PcapReader(c.path, c.point_id)) for c in captures]
     return RunIngest(run=record.run, plan=record.plan, flows=flow_rows, artifacts=art_rows, evidence=record.evidence,
-                     packets=packets, capture_points=extra, conns=conns, qdelay=qd, qdelay_pairs=pairs,
+                     hosts=host_rows(spec, record.evidence), packets=packets, capture_points=extra, conns=conns,
+                     qdelay=qd, qdelay_pairs=pairs,
                      tcp_probe=probes, qdisc_samples=qdisc, ss_samples=ss, iperf_intervals=iperf)
 
 

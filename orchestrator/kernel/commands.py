@@ -84,6 +84,26 @@ def cmd_gc(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def cmd_install(args: argparse.Namespace, console: Console) -> int:
+    from orchestrator.ansible.kernel_install import install, resolve
+    from orchestrator.inventory import InventoryError
+    from orchestrator.lab import netns, vm_image
+
+    inventory = args.inventory or netns.inventory_path().with_suffix(".ini")
+    try:
+        target = resolve(args.target)
+        result = install(inventory, target, args.role, console, args.module, args.cc, args.qdisc, args.verify_only)
+    except (InventoryError, vm_image.ImageError, FileNotFoundError) as exc:
+        console.print(f"[red]kernel {'verify' if args.verify_only else 'install'} failed:[/red] {exc}")
+        return 2
+    for host, stats in sorted(result.stats.items()):
+        console.print(f"  {host}: ok {stats.get('ok', 0)} changed {stats.get('changed', 0)} "
+                      f"failed {stats.get('failures', 0)} unreachable {stats.get('unreachable', 0)}")
+    console.print(f"kernel {'verify' if args.verify_only else 'install'}: {'ok' if result.ok else 'FAILED'} "
+                  f"({result.duration_s} s, {result.changes} change(s))")
+    return 0 if result.ok else 1
+
+
 def add_parser(sub, profile_help: str) -> None:
     k = sub.add_parser("kernel", help="build, list, show and clean kernel variant builds (docs/kernels.md)")
     ks = k.add_subparsers(dest="kernel_cmd", required=True)
@@ -105,6 +125,18 @@ def add_parser(sub, profile_help: str) -> None:
     gc.add_argument("--keep", type=int, default=3, help="builds kept per variant (newest)")
     gc.add_argument("--older-than", type=float, default=None, metavar="DAYS", help="also remove builds older than this")
     gc.set_defaults(kernel_func=cmd_gc)
+    for action, text in (("install", "install a kernel on testbed hosts with playbooks/kernel-install.yml: boot it "
+                                     "once, verify, then make it the default (docs/provisioning.md)"),
+                         ("verify", "verify that testbed hosts run a kernel (release, modules, congestion "
+                                    "controls, qdiscs) without installing or rebooting")):
+        p = ks.add_parser(action, help=text)
+        p.add_argument("target", help="a cached build (key prefix, release or variant) or a linux-image package")
+        p.add_argument("--role", action="append", default=None, help="only the host of this role (repeatable)")
+        p.add_argument("--inventory", type=Path, default=None, help="Ansible INI inventory (default: the lab's)")
+        p.add_argument("--module", action="append", default=[], help="a module that must load (repeatable)")
+        p.add_argument("--cc", action="append", default=[], help="a congestion control that must be available")
+        p.add_argument("--qdisc", action="append", default=[], help="a qdisc kind that must be creatable")
+        p.set_defaults(kernel_func=cmd_install, verify_only=action == "verify", cache=None)
     for p in (b, ls, sh, gc):
         p.add_argument("--cache", type=Path, default=None, help="cache root (default $TCPLAB_KERNEL_CACHE or "
                        "/var/cache/tcplab/kernels)")

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from orchestrator.agent_client import AgentClient
-from orchestrator.lab import netns, vm_guest, vm_image, vm_recipe
+from orchestrator.lab import netns, vm_disk, vm_disk_lab, vm_guest, vm_image, vm_recipe
 from orchestrator.lab.netns import LAB_PREFIX, STATE_DIR, LabError, inventory_path
 from orchestrator.lab.topology import (
     bridge_argv,
@@ -61,9 +61,16 @@ VM_PROCESSES = ("qemu-", "virtiofsd-")  # supervisor children of a guest, named 
 
 
 def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, kernel: str | None = None,
-       timeout_s: float = 180.0, vm_roles: tuple[str, ...] = ("aqm",), graph: Graph | None = None) -> dict:
+       timeout_s: float = 180.0, vm_roles: tuple[str, ...] = ("aqm",), graph: Graph | None = None,
+       disk: bool = False) -> dict:
     """The lab of `graph` (default: the quickstart's chain) with `vm_roles` as guests, the rest namespaces.
-    `kernel`: a Debian kernel image package, or the path of a linux-image .deb (a tcplab build)."""
+    `kernel`: a Debian kernel image package, or the path of a linux-image .deb (a tcplab build).
+    `disk`: the guests are disk guests (orchestrator.lab.vm_disk_lab): real hosts booting their own disk,
+    reached over SSH and provisioned by `tcplab provision`; `kernel` does not apply (they boot what their
+    disk's boot entry names)."""
+    if disk and kernel:
+        raise LabError("disk guests boot the kernel their own boot entry names: install one with "
+                       "`tcplab kernel install` instead of --kernel")
     topo = netns_topology(prefix) if graph is None else lab_topology(graph, prefix)
     vm_roles = check_vm_roles(topo, vm_roles)
     deb = Path(kernel) if kernel and kernel.endswith(".deb") else None   # a `tcplab kernel build` package
@@ -74,9 +81,10 @@ def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, kernel: str | None
             raise LabError(f"a {kind} lab is up in {state_dir}: run `tcplab lab down` first")
         if kind == "vm" and status(state_dir, prefix)["healthy"]:
             inv = json.loads(inventory_path(state_dir).read_text())
-            if (package not in (None, inv["vm"]["package"]) or tuple(inv["vm"]["roles"]) != vm_roles
-                    or inv.get("topology") != netns.topology_dict(topo)):
-                raise LabError(f"a vm lab with {inv['vm']['package']} and guests {', '.join(inv['vm']['roles'])} "
+            if (package not in (None, inv["vm"].get("package")) or tuple(inv["vm"]["roles"]) != vm_roles
+                    or inv.get("topology") != netns.topology_dict(topo) or bool(inv["vm"].get("disk")) != disk):
+                kernel = inv['vm'].get('package') or 'disk guests'
+                raise LabError(f"a vm lab with {kernel} and guests {', '.join(inv['vm']['roles'])} "
                                "is up: run `tcplab lab down` first")
             return inv
         down(state_dir, prefix)
@@ -84,6 +92,7 @@ def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, kernel: str | None
         raise LabError("the VM lab needs " + ", ".join(missing) + ": run `make vm-deps`")
     image = vm_image.ensure_image(None if deb else kernel, deb=deb)
     accel = choose_accel(image)
+    base = vm_disk.ensure_base_image()[0] if disk else None
     ns_roles = tuple(r for r in topo.roles if r not in vm_roles)
     nodes = namespace_nodes(topo, vm_roles)
     nics = {role: guest_nics(topo, role, vm_roles, state_dir) for role in vm_roles}
@@ -108,17 +117,30 @@ def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, kernel: str | None
         token_file = state_dir / "token"
         token_file.touch(mode=0o600)
         token_file.write_text(secrets.token_hex(32))
-        ports = dict(zip(vm_roles, free_ports(len(vm_roles)), strict=True))
+        free = free_ports(2 * len(vm_roles))
+        ports = dict(zip(vm_roles, free[:len(vm_roles)], strict=True))
         agents = {r: f"unix:{state_dir / f'agent-{r}.sock'}" for r in ns_roles}
         agents.update({r: f"tcp://127.0.0.1:{port}" for r, port in ports.items()})
         inv = netns.inventory_dict(topo, "vm", token_file, macs, agents,
                                    {r: topo.namespace(r) if r in ns_roles else None for r in topo.roles})
         inv["processes"], guests = [], {}
-        for role, port in ports.items():
-            gdir = _prepare_guest_dir(state_dir, role, token_file, guest_config(topo, role, port, macs))
-            inv["processes"] += _processes(image, accel, gdir, topo.namespace(role), nics[role], fds, role, port)
+        for i, (role, port) in enumerate(ports.items()):
+            cfg = guest_config(topo, role, port, macs)
+            gdir = _prepare_guest_dir(state_dir, role, token_file, cfg)
             guests[role] = {"control_port": port, "console": str(gdir / "console.log")}
-        inv["vm"] = {**image.to_json(), "accel": accel, "roles": list(vm_roles), "guests": guests}
+            if base is None:
+                inv["processes"] += _processes(image, accel, gdir, topo.namespace(role), nics[role], fds, role, port)
+                continue
+            ssh_port = free[len(vm_roles) + i]
+            inv["processes"].append(vm_disk_lab.prepare(
+                state_dir, gdir, role, cfg, base, accel, nics[role], fds,
+                {vm_disk_lab.SSH_PORT: ssh_port, vm_disk_lab.AGENT_PORT: port},
+                cpus=int(os.environ.get("TCPLAB_VM_SMP", "1")), cpu=os.environ.get("TCPLAB_VM_CPU")))
+            inv["hosts"][role]["ssh"] = vm_disk_lab.ssh_vars(state_dir, ssh_port)
+            inv["hosts"][role]["agent_listen"] = vm_disk_lab.agent_listen()
+            guests[role].update({"disk": str(gdir / "disk.img"), "ssh_port": ssh_port})
+        vm_info = {"disk": True, "base_image": str(base)} if base else image.to_json()
+        inv["vm"] = {**vm_info, "accel": accel, "roles": list(vm_roles), "guests": guests}
         return _start(state_dir, inv, list(fds.values()), timeout_s)
     except BaseException:
         for fd in fds.values():
@@ -137,7 +159,7 @@ def _prepare_guest_dir(state_dir: Path, role: str, token_file: Path, config: dic
     (gdir / "guest").mkdir(mode=0o700, exist_ok=True)
     shutil.copy(token_file, gdir / "guest" / "token")
     (gdir / "guest" / "guest.json").write_text(json.dumps(config, indent=2))
-    for stale in [*gdir.glob("*.sock"), gdir / "console.log"]:
+    for stale in [*gdir.glob("*.sock"), gdir / "console.log", gdir / "boots.jsonl"]:
         stale.unlink(missing_ok=True)
     return gdir
 
@@ -174,10 +196,17 @@ def _start(state_dir: Path, inv: dict, fds: list[int], timeout_s: float) -> dict
         os.close(fds.pop())
     inv["supervisor_pid"] = sup.pid
     inventory_path(state_dir).write_text(json.dumps(inv, indent=2))
-    asyncio.run(netns._wait_for_agents(inv, Path(inv["token_file"]).read_bytes(), timeout_s, sup,
+    disk_guests = [r for r in inv["vm"]["roles"] if "ssh" in inv["hosts"][r]]
+    started_agents = {**inv, "hosts": {r: h for r, h in inv["hosts"].items() if r not in disk_guests}}
+    asyncio.run(netns._wait_for_agents(started_agents, Path(inv["token_file"]).read_bytes(), timeout_s, sup,
                                        check=lambda: _check_qemu(state_dir)))
+    if disk_guests:   # their agents come with `tcplab provision`: until then, the lab is up when sshd answers
+        ssh_s = vm_disk_lab.wait_for_ssh({r: inv["vm"]["guests"][r]["ssh_port"] for r in disk_guests}, timeout_s,
+                                         check=lambda: _check_qemu(state_dir))
+        for role, secs in ssh_s.items():
+            inv["vm"]["guests"][role]["ssh_s"] = secs
     inv["vm"]["boot_s"] = round(time.monotonic() - started, 2)
-    for role in inv["vm"]["roles"]:
+    for role in [r for r in inv["vm"]["roles"] if r not in disk_guests]:
         inv["vm"]["guests"][role]["clock_offset_ns"] = asyncio.run(calibrate_clock(inv, state_dir, role))
     inventory_path(state_dir).write_text(json.dumps(inv, indent=2))
     return inv
@@ -280,8 +309,11 @@ def down(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX) -> list[str]:
     removed += netns.down(state_dir, prefix)
     for gdir in _guest_dirs(state_dir):
         shutil.rmtree(gdir / "guest", ignore_errors=True)
-        for stale in [gdir / "qemu.pid", *gdir.glob("*.sock")]:
+        # a disk guest's disk goes with the lab (console.log and boots.jsonl stay for the post-mortem)
+        for stale in [gdir / "qemu.pid", *gdir.glob("*.sock"), gdir / "disk.img", gdir / "firmware.json"]:
             stale.unlink(missing_ok=True)
+        for tree in ("boot", "hostkey"):
+            shutil.rmtree(gdir / tree, ignore_errors=True)
         if (gdir / "hostroot").is_dir():
             (gdir / "hostroot").rmdir()
     return removed

@@ -221,3 +221,19 @@ def plan_kernel_package(kernels: dict, runs: list, vm_roles: tuple[str, ...]) ->
             f"{p}: {', '.join(n)}" for p, n in packages.items()) + "): one VM lab boots one kernel, so run "
             "the plan's parts on separate labs")
     return next(iter(packages), None)
+
+
+def disk_qemu_argv(accel: str, disk: Path, guest_state: Path, name: str, netdevs: list[tuple[str, str]],
+                   ports: dict[str, int], memory_mb: int = 1024, cpus: int = 1, cpu: str | None = None) -> list[str]:
+    """A disk guest's QEMU without its kernel: the firmware (orchestrator.lab.vm_firmware) adds -kernel,
+    -initrd, -append and -qmp at each power-on. `ports`: guest TCP port -> host loopback port (sshd, agent)."""
+    argv = [QEMU, "-name", f"{name},process={name}", "-nodefaults", "-no-user-config", "-display", "none",
+            "-no-reboot", "-accel", accel, "-cpu", cpu or ("qemu64" if accel == "tcg" else "host"),
+            "-m", str(memory_mb), "-smp", str(cpus), "-rtc", "base=utc",
+            "-drive", f"file={disk},format=raw,if=virtio,cache=writeback,discard=unmap",
+            "-serial", f"file:{guest_state / 'console.log'}", "-pidfile", str(guest_state / "qemu.pid")]
+    for i, (netdev, mac) in enumerate(netdevs):
+        argv += ["-netdev", netdev, "-device", f"virtio-net-pci,netdev=data{i},mac={mac},romfile="]
+    forwards = ",".join(f"hostfwd=tcp:127.0.0.1:{host}-{CONTROL_ADDR}:{guest}" for guest, host in sorted(ports.items()))
+    ctl = f"user,id=ctl,restrict=on,ipv6=off,{forwards}"
+    return argv + ["-netdev", ctl, "-device", f"virtio-net-pci,netdev=ctl,mac={CONTROL_MAC},romfile="]

@@ -194,3 +194,15 @@ def ensure_image(package: str | None = None, timeout_s: float = 600.0, deb: Path
         (vdir / "vmlinuz").touch()  # newest-used ordering for offline fallback
     return KernelImage(package, version, release, share, vdir / "vmlinuz", initramfs,
                        time.monotonic() - started if built else 0.0)
+
+
+def package_deb(package: str, timeout_s: float = 600.0) -> Path:
+    """The .deb of a Debian kernel image package at apt's version, from the cache or downloaded into it
+    (what `tcplab kernel install` copies to hosts that have no internet)."""
+    package = check_package(package)
+    vdir = CACHE_ROOT / package / package_version(package)
+    vdir.mkdir(parents=True, exist_ok=True)
+    with open(CACHE_ROOT / package / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        debs = sorted(vdir.glob("*.deb"))
+        return debs[0] if debs else _download(package, vdir, timeout_s)

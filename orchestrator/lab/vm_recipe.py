@@ -272,9 +272,10 @@ def cpio_newc(entries: list[tuple[str, int, bytes, tuple[int, int]]]) -> bytes:
 
 
 def initramfs_entries(busybox: bytes, release: str, modules: dict[str, bytes], load: list[str],
-                      extra_files: dict[str, bytes]) -> list[tuple[str, int, bytes, tuple[int, int]]]:
+                      extra_files: dict[str, bytes], init: str = INIT_SCRIPT
+                      ) -> list[tuple[str, int, bytes, tuple[int, int]]]:
     """Archive members: busybox, /init, device nodes, the module tree, the insmod order."""
-    files = {"init": (0o100755, INIT_SCRIPT.encode()), "bin/busybox": (0o100755, busybox),
+    files = {"init": (0o100755, init.encode()), "bin/busybox": (0o100755, busybox),
              "etc/tcplab/load": (0o100644, "".join(f"{m}\n" for m in load).encode())}
     for rel, data in {**modules, **extra_files}.items():
         files[f"lib/modules/{release}/{rel}"] = (0o100644, data)

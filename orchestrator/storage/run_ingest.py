@@ -58,6 +58,7 @@ class RunIngest:
     flows: list[dict[str, Any]] = field(default_factory=list)
     artifacts: list[dict[str, Any]] = field(default_factory=list)
     evidence: list[dict[str, Any]] = field(default_factory=list)          # host, phase, data
+    hosts: list[dict[str, Any]] = field(default_factory=list)             # run_host rows
     packets: list[tuple[str, PacketSource]] = field(default_factory=list)
     capture_points: dict[str, dict[str, Any]] = field(default_factory=dict)
     conns: ConnRegistry | None = None
@@ -79,6 +80,7 @@ class IngestCounts:
     flow: int = 0
     artifact: int = 0
     host_evidence: int = 0
+    run_host: int = 0
     capture_point: int = 0
     conn: int = 0
     packet: int = 0
@@ -134,8 +136,9 @@ BULK_LAYOUTS = (
 )
 
 CHILD_TABLES = (("flows", tables.flow), ("artifacts", tables.artifact), ("evidence", tables.host_evidence),
-                 ("qdelay_pairs", tables.qdelay_pair))
+                 ("qdelay_pairs", tables.qdelay_pair), ("hosts", tables.run_host))
 TABLES_BY_RUN_ID = (tables.iperf_interval, tables.qdelay_pair, tables.capture_point, tables.host_evidence,
+              tables.run_host,
               tables.artifact, tables.flow)
 
 

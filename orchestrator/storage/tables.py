@@ -13,6 +13,7 @@ from __future__ import annotations
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     Column,
     DateTime,
     Float,
@@ -105,6 +106,20 @@ host_evidence = Table(
     Column("host", String(64), primary_key=True),
     Column("phase", String(32), primary_key=True),         # hello | apply | reset
     Column("data", JSON, nullable=False),
+)
+
+run_host = Table(
+    # what kernel each host ran the run on (docs/kernels.md, G-VARIANT): the variant the plan asked for, the
+    # tcplab build it expected, and what the host's agent reported at hello (release, boot_id, installed build)
+    "run_host", metadata,
+    Column("run_id", String(128), ForeignKey("run.run_id", ondelete="CASCADE"), primary_key=True),
+    Column("host", String(64), primary_key=True),
+    Column("variant", String(64), nullable=True),          # None: the plan names no kernel for this host
+    Column("vanilla", Boolean, nullable=True),
+    Column("build_key", String(64), nullable=True),        # the tcplab build the run expected (source variants)
+    Column("release", String(128), nullable=True),         # uname -r reported at hello
+    Column("boot_id", String(36), nullable=True),          # /proc/sys/kernel/random/boot_id at hello
+    Column("installed_build_key", String(64), nullable=True),  # what kernel-install.yml recorded on the host
 )
 
 capture_point = Table(

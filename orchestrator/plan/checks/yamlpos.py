@@ -133,6 +133,8 @@ def read_yaml(text: str, file: str) -> tuple[Any, Marks]:
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
         problem = " ".join(p for p in (exc.context, exc.problem) if p) or "invalid YAML"
         kind = "YAML" if isinstance(exc, yaml.composer.ComposerError) else "YAML syntax"
+        if "maximum nesting depth" in problem:   # PyYAML >= 6.0.3's scanner stops deep flow nesting first
+            kind, problem = "YAML", f"nested more than {MAX_DEPTH} levels deep"
         raise PlanError([Issue(file, line, col, (), f"{kind}: {problem}")]) from None
     except yaml.YAMLError as exc:
         raise PlanError([Issue(file, 1, 1, (), f"YAML: {exc}")]) from None

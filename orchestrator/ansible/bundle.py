@@ -1,0 +1,104 @@
+"""The agent bundle playbooks/site.yml deploys (effects: pip, files).
+
+One tar.gz per content, named by its sha256: the agent's code (`agents/`, `schemas/`), the third-party
+packages it imports (AGENT_REQUIREMENTS, at the versions this manager runs, built for the hosts' Python)
+already installed into `site/` (`pip install --target` here), and their requirements.txt. Testbed hosts need
+no internet, no pip and no virtualenv: Ansible copies one file and unpacks it, and the agent runs with the
+host's python3 and PYTHONPATH=<release>:<release>/site. A host runs the exact code and versions the manager
+was tested with; a changed file is a new bundle name, which restarts the agent. (pip and ensurepip on a TCG
+guest took minutes; unpacking takes seconds.)
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import importlib.metadata
+import io
+import os
+import shutil
+import sys
+import tarfile
+from pathlib import Path
+
+from schemas import procs
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# what agents/ and schemas/ import from outside the standard library (tests/unit/test_agent_bundle.py checks)
+AGENT_REQUIREMENTS = ("websockets", "pydantic", "jsonschema", "pyroute2")
+CODE_DIRS = ("agents", "schemas")
+CACHE = Path(os.environ.get("TCPLAB_CACHE", "/var/cache/tcplab")) / "agent"
+
+
+class BundleError(RuntimeError):
+    pass
+
+
+def pinned_requirements() -> list[str]:
+    """AGENT_REQUIREMENTS at the versions installed here (what the tests ran with)."""
+    return [f"{name}=={importlib.metadata.version(name)}" for name in AGENT_REQUIREMENTS]
+
+
+def constraints() -> list[str]:
+    """Every package installed here, pinned: the agents' transitive dependencies get the same versions."""
+    return sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()
+                  if d.metadata["Name"])
+
+
+def code_files(root: Path = REPO_ROOT) -> list[Path]:
+    """The agent's sources, sorted (caches and bytecode left out)."""
+    out = []
+    for top in CODE_DIRS:
+        out += [p for p in (root / top).rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                and p.suffix in (".py", ".json")]
+    return sorted(out)
+
+
+def _tar_bytes(members: list[tuple[str, bytes]]) -> bytes:
+    """A deterministic tar.gz: sorted names, mtime 0, root-owned, gzip without a timestamp."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in sorted(members):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime, info.uid, info.gid = len(data), 0o644, 0, 0, 0
+            tar.addfile(info, io.BytesIO(data))
+    return gzip.compress(raw.getvalue(), mtime=0)
+
+
+def site_packages(python: str, progress=print) -> Path:
+    """The pinned requirements installed for CPython `python` (e.g. "3.11") on x86-64 Linux, cached by pins."""
+    pins = pinned_requirements()
+    key = hashlib.sha256("\n".join([python, *pins]).encode()).hexdigest()[:12]
+    dest = CACHE / f"site-{key}"
+    if (dest / "requirements.txt").exists():
+        return dest
+    part = dest.with_name(dest.name + f".part{os.getpid()}")
+    shutil.rmtree(part, ignore_errors=True)
+    part.mkdir(parents=True)
+    constraints_file = part.with_suffix(".constraints")
+    constraints_file.write_text("\n".join(c for c in constraints() if c.split("==")[0].lower() != "tcplab") + "\n")
+    progress(f"agent packages for CPython {python}: {' '.join(pins)}")
+    r = procs.run([sys.executable, "-m", "pip", "install", "-q", "--only-binary=:all:", "--target", str(part / "site"),
+                   "--python-version", python, "--implementation", "cp", "--platform", "manylinux2014_x86_64",
+                   "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux_2_28_x86_64",
+                   "--no-compile", "-c", str(constraints_file), *pins], check=False, timeout=600)
+    constraints_file.unlink()
+    if r.returncode != 0:
+        raise BundleError(f"pip install --target of the agent's packages failed: {r.stderr.strip()[-1500:]}")
+    (part / "requirements.txt").write_text("\n".join(pins) + "\n")
+    os.replace(part, dest)
+    return dest
+
+
+def build_bundle(python: str = f"{sys.version_info.major}.{sys.version_info.minor}", progress=print) -> Path:
+    """The bundle for hosts running CPython `python`: CACHE/tcplab-agent-<sha12>.tar.gz."""
+    site = site_packages(python, progress)
+    members = [(str(p.relative_to(REPO_ROOT)), p.read_bytes()) for p in code_files()]
+    members += [(str(p.relative_to(site)), p.read_bytes()) for p in sorted((site / "site").rglob("*"))
+                if p.is_file() and "__pycache__" not in p.parts]
+    members.append(("requirements.txt", (site / "requirements.txt").read_bytes()))
+    data = _tar_bytes(members)
+    path = CACHE / f"tcplab-agent-{hashlib.sha256(data).hexdigest()[:12]}.tar.gz"
+    if not path.exists():
+        path.with_suffix(".part").write_bytes(data)
+        os.replace(path.with_suffix(".part"), path)
+    return path
