@@ -24,10 +24,12 @@ from schemas.qdiscs import dualpi2_netlink as dn
 
 
 async def show(dev: str) -> list[dict]:
-    """Every dualpi2 qdisc on `dev`: handle, parent, decoded options (and their bytes) and xstats."""
+    """Every dualpi2 qdisc on `dev`: handle, parent, decoded options (and their bytes), xstats and the generic
+    counters (`stats`: packets, drop, overlimits, qlen, backlog)."""
     return [{"handle": handle, "parent": parent, "options": dn.decode_options(options), "options_hex": options.hex(),
-             "xstats": dn.decode_xstats(xstats) if xstats else None, "xstats_hex": xstats.hex() if xstats else None}
-            for handle, parent, options, xstats in await dump(dev, dn.KIND)]
+             "xstats": dn.decode_xstats(xstats) if xstats else None, "xstats_hex": xstats.hex() if xstats else None,
+             "stats": stats}
+            for handle, parent, options, xstats, stats in await dump(dev, dn.KIND)]
 
 
 async def apply(dev: str, parent: str, handle: str, values: dict[int, int], command: str = "add") -> list[dict]:

@@ -43,9 +43,10 @@ async def configure(dev: str, parent: str, handle: str, options: bytes, command:
         await _request(ipr, msg, RTM_NEWQDISC, flags)
 
 
-async def dump(dev: str, kind: str) -> list[tuple[str, str, bytes, bytes | None]]:
-    """(handle, parent, TCA_OPTIONS bytes, TCA_XSTATS bytes) of every `kind` qdisc on `dev` (a qdisc dump;
-    pyroute2 knows neither kind and hands both attributes over raw)."""
+async def dump(dev: str, kind: str) -> list[tuple[str, str, bytes, bytes | None, dict]]:
+    """(handle, parent, TCA_OPTIONS bytes, TCA_XSTATS bytes, TCA_STATS {packets, drop, overlimits, qlen,
+    backlog}) of every `kind` qdisc on `dev` (a qdisc dump; pyroute2 knows neither kind and hands options and
+    xstats over raw)."""
     from pyroute2 import AsyncIPRoute
     from pyroute2.netlink import NLM_F_DUMP, NLM_F_REQUEST
     from pyroute2.netlink.rtnl import RTM_GETQDISC
@@ -59,9 +60,11 @@ async def dump(dev: str, kind: str) -> list[tuple[str, str, bytes, bytes | None]
         for q in await _request(ipr, req, RTM_GETQDISC, NLM_F_REQUEST | NLM_F_DUMP):
             if q["index"] != index or q.get_attr("TCA_KIND") != kind:
                 continue
-            xstats = q.get_attr("TCA_XSTATS")
+            xstats, stats = q.get_attr("TCA_XSTATS"), q.get_attr("TCA_STATS")
+            counters = {f: stats[f] for f in ("packets", "drop", "overlimits", "qlen", "backlog")} if stats else {}
             out.append((f"{q['handle'] >> 16:x}:", f"{q['parent'] >> 16:x}:{q['parent'] & 0xFFFF:x}",
-                        mn.from_hex(q.get_attr("TCA_OPTIONS") or b""), mn.from_hex(xstats) if xstats else None))
+                        mn.from_hex(q.get_attr("TCA_OPTIONS") or b""), mn.from_hex(xstats) if xstats else None,
+                        counters))
     return out
 
 
@@ -69,7 +72,7 @@ async def show(dev: str) -> list[dict]:
     """Every aqm_mark qdisc on `dev` from a qdisc dump: handle, parent, decoded options and xstats."""
     return [{"handle": handle, "parent": parent, "options": mn.decode_options(options), "options_hex": options.hex(),
              "xstats": mn.decode_xstats(xstats) if xstats else None}
-            for handle, parent, options, xstats in await dump(dev, mn.KIND)]
+            for handle, parent, options, xstats, _ in await dump(dev, mn.KIND)]
 
 
 def main(argv: list[str] | None = None) -> int:

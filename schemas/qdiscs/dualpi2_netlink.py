@@ -126,9 +126,27 @@ def decode_options(data: bytes) -> dict:
     return out
 
 
+def alpha_beta_roundtrip(value: int) -> int:
+    """What a dump shows for an ALPHA/BETA sent as `value`: sch_dualpi2.c keeps them as
+    value * MAX_PROB >> 2 / NSEC_PER_SEC (dualpi2_scale_alpha_beta) and dumps the inverse (_unscale), both
+    rounding down -- the default 41 reads back as 40, 819 as 818."""
+    return ((((value * MAX_PROB) >> 2) // 1_000_000_000) * 1_000_000_000 << 2) // MAX_PROB
+
+
+def kernel_holds(kind: int, value: int) -> int:
+    """The value a dump shows for attribute `kind` sent as `value`: ALPHA/BETA round (alpha_beta_roundtrip);
+    TUPDATE and STEP_THRESH_US are kept in a u32 of ns (convert_us_to_nsec saturates at 2^32 - 1 ns)."""
+    if kind in (ALPHA, BETA):
+        return alpha_beta_roundtrip(value)
+    if kind in (TUPDATE, STEP_THRESH_US):
+        return min(value * 1000, 0xFFFFFFFF) // 1000
+    return value
+
+
 def readback_mismatches(asked: dict[int, int], shown: dict) -> list[str]:
-    """What a dump (decode_options) says differently from what was sent (encode's {attribute: value})."""
-    expected = decode_options(encode(asked))
+    """What a dump (decode_options) says differently from what the kernel should hold for what was sent
+    (encode's {attribute: value}, through kernel_holds)."""
+    expected = decode_options(encode({k: kernel_holds(k, v) for k, v in asked.items()}))
     return [f"{name}: asked {want!r}, kernel has {shown.get(name)!r}" for name, want in expected.items()
             if shown.get(name) != want]
 

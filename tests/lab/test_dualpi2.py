@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -166,6 +167,7 @@ def test_dualpi2_couples_l4s_marks_to_the_classic_queue(dualpi2_lab, tmp_path):
     final = json.loads(_guest(state_dir, ["sh", "-c", _dualpi2_nl("show", "--dev", "to-client")], timeout_s=120))[0]
     xs = final["xstats"]
     samples = [json.loads(line) for line in _guest(state_dir, ["cat", "/tmp/d2-watch.jsonl"]).splitlines() if line]
+    tcpdump_logs = _guest(state_dir, ["sh", "-c", "cat /tmp/d2-to-server.log /tmp/d2-to-client.log"])
 
     ingress = read_pcap(_fetch(state_dir, "/tmp/d2-to-server.pcap", tmp_path / "in.pcap"), point=0)
     egress = read_pcap(_fetch(state_dir, "/tmp/d2-to-client.pcap", tmp_path / "out.pcap"), point=1)
@@ -183,6 +185,11 @@ def test_dualpi2_couples_l4s_marks_to_the_classic_queue(dualpi2_lab, tmp_path):
     # expected marks at each packet's dequeue (its egress time) from the sampled p'
     p_l, p_c = prob_at(rows_l["ts_out_ns"], samples), prob_at(rows_c["ts_out_ns"], samples)
     exp_l, exp_c = float(np.minimum(K * p_l, 1).sum()), float((p_c ** 2).sum())
+    # a classic packet that loses the p'^2 roll is marked, or dropped when the qdisc is overloaded (k·p' > 1);
+    # the C packets missing at the egress are those drops when tcpdump lost nothing (checked below)
+    dropped_c = int((~is_l & ~kept).sum())
+    p_c_all = prob_at(res.rows["ts_in_ns"][~is_l & ~kept], samples)
+    exp_c += float((p_c_all ** 2).sum())
     # An L packet may be marked twice: by the coupling (must_drop, at dequeue) and then by the step
     # (do_step_aqm); INET_ECN_set_ce returns true on a CE packet too, so ecn_mark counts both and step_marks
     # the second. Hence ecn_mark = coupled_L + step_marks + classic marks, and the packets' CE count is lower
@@ -194,14 +201,16 @@ def test_dualpi2_couples_l4s_marks_to_the_classic_queue(dualpi2_lab, tmp_path):
         "udp_mbit": round(udp["end"]["sum"]["bits_per_second"] / 1e6, 2),
         "l_in": int(is_l.sum()), "c_in": int((~is_l).sum()), "ect1_in": int((data_in["ecn"] == 1).sum()),
         "ect0_c_in": int((data_in["ecn"][~is_l] == 2).sum()),
-        "matched": res.matched, "dropped_l": int((is_l & ~kept).sum()), "dropped_c": int((~is_l & ~kept).sum()),
+        "matched": res.matched, "dropped_l": int((is_l & ~kept).sum()), "dropped_c": dropped_c,
         "qdelay_ms_l_p50_p99": [round(float(np.percentile(rows_l["sojourn_ns"], q)) / 1e6, 3) for q in (50, 99)],
         "qdelay_ms_c_p50_p99": [round(float(np.percentile(rows_c["sojourn_ns"], q)) / 1e6, 3) for q in (50, 99)],
         "d_fwd_ms": round(res.d_fwd_ns / 1e6, 3),
         "ce_l": ce_l, "ce_c": ce_c, "frac_ce_l": round(ce_l / max(len(rows_l), 1), 4),
         "frac_ce_c": round(ce_c / max(len(rows_c), 1), 5), "coupled_l": coupled_l, "double_marked_l": double,
         "expected_l": round(exp_l, 1), "expected_c": round(exp_c, 1), "ratio_l": round(coupled_l / max(exp_l, 1), 3),
-        "ratio_c": round(ce_c / max(exp_c, 1), 3), "expected_c_if_linear": round(float(p_c.sum()), 1),
+        "ratio_c": round((ce_c + dropped_c) / max(exp_c, 1), 3),
+        "expected_c_if_linear": round(float(p_c.sum()), 1), "qdisc_stats": final["stats"],
+        "tcpdump_dropped": [int(n) for n in re.findall(r"(\d+) packets? dropped by kernel", tcpdump_logs)],
         "samples": len(samples), "mean_p_prime": round(float(np.mean([s["xstats"]["p_prime"] for s in samples])), 5),
         "xstats": xs, "xstats_hex": final["xstats_hex"], "test_s": round(time.monotonic() - t0, 1)}
     print(f"packet evidence: {json.dumps(evidence)}")
@@ -209,11 +218,17 @@ def test_dualpi2_couples_l4s_marks_to_the_classic_queue(dualpi2_lab, tmp_path):
     assert evidence["ect1_in"] == evidence["l_in"] > 1000, "the UDP sender did not set ECT(1)"
     assert evidence["ect0_c_in"] > 0.95 * evidence["c_in"], "the TCP sender did not negotiate ECN"
     assert res.matched > 0.95 * data_in.size, evidence
+    # what is missing at the egress is what the qdisc dropped (tcpdump lost nothing), so counting them as drops
+    # is right
+    assert evidence["tcpdump_dropped"] == [0, 0], evidence
+    assert evidence["dropped_l"] + dropped_c <= final["stats"]["drop"], evidence
     assert xs["packets_in_l"] >= evidence["l_in"] and xs["packets_in_c"] >= evidence["c_in"] - 50, evidence
     # every CE seen leaving is one the qdisc counted; the rest of its count are second (step) marks of L packets
     assert 0 <= double <= xs["step_marks"] and ce_c <= xs["ecn_mark"], evidence
-    # the L queue stays short while the classic one sits near its 15 ms target
-    assert evidence["qdelay_ms_l_p50_p99"][0] < 1.0 and evidence["qdelay_ms_c_p50_p99"][0] > 5.0, evidence
+    # the L queue stays short while the classic one sits near its 15 ms target (TCG stalls of the one vCPU
+    # push both tails up together)
+    l50, c50 = evidence["qdelay_ms_l_p50_p99"][0], evidence["qdelay_ms_c_p50_p99"][0]
+    assert l50 < 2.0 and c50 > 5.0 and c50 > 5 * l50, evidence
     assert ce_c > 30 and coupled_l > 200, f"too few marks to judge the coupling: {evidence}"
     # The coupling law, as marks counted against marks expected from p'(t) at each packet's dequeue. The
     # expected counts are sums of Bernoulli trials (sd = sqrt(sum p(1-p)): ~3 % of ~1200 L marks, ~7 % of ~200
@@ -222,4 +237,4 @@ def test_dualpi2_couples_l4s_marks_to_the_classic_queue(dualpi2_lab, tmp_path):
     # p_C = p' (no square) ~5x, p_C = 2p'^2 2x for the classic queue.
     assert 0.8 < evidence["ratio_l"] < 1.25, evidence
     assert 0.6 < evidence["ratio_c"] < 1.6, evidence
-    assert evidence["expected_c_if_linear"] > 3 * ce_c, evidence
+    assert evidence["expected_c_if_linear"] > 3 * (ce_c + dropped_c), evidence
