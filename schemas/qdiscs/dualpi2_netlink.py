@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import struct
 
+from schemas.qdiscs import nla
 from schemas.qdiscs.dualpi2 import DualPi2
 
 KIND = "dualpi2"
@@ -40,6 +41,7 @@ NAMES = {LIMIT: "limit_packets", MEMORY_LIMIT: "memory_limit_bytes", TARGET: "ta
          ALPHA: "alpha", BETA: "beta", STEP_THRESH_PKTS: "step_thresh_packets", STEP_THRESH_US: "step_thresh_us",
          MIN_QLEN_STEP: "min_qlen_step", COUPLING: "coupling_factor", DROP_OVERLOAD: "drop_overload",
          DROP_EARLY: "drop_early", C_PROTECTION: "c_protection_pct", ECN_MASK: "ecn_mask", SPLIT_GSO: "split_gso"}
+_FORMATS = {kind: "=B" if kind in _U8 else "=I" for kind in NAMES}
 ECN_MASKS = {"l4s_ect": 1, "cla_ect": 2, "any_ect": 3}
 MAX_PROB = 0xFFFFFFFF
 XSTATS_FIELDS = ("prob", "delay_c_us", "delay_l_us", "packets_in_c", "packets_in_l", "maxq", "ecn_mark",
@@ -49,11 +51,6 @@ _XSTATS = struct.Struct("=8Ii3I")
 
 class Dualpi2NetlinkError(ValueError):
     pass
-
-
-def _attr(kind: int, payload: bytes) -> bytes:
-    length = 4 + len(payload)
-    return struct.pack("=HH", length, kind) + payload + b"\0" * (-length % 4)
 
 
 def _us(ns: int, name: str) -> int:
@@ -70,7 +67,7 @@ def encode(values: dict[int, int]) -> bytes:
     for kind in sorted(values):
         if kind not in NAMES:
             raise Dualpi2NetlinkError(f"unknown dualpi2 attribute {kind}")
-        out += _attr(kind, struct.pack("=B" if kind in _U8 else "=I", values[kind]))
+        out += nla.attr(kind, struct.pack(_FORMATS[kind], values[kind]))
     return out
 
 
@@ -104,20 +101,7 @@ def options_for(stage: DualPi2) -> bytes:
 def decode_options(data: bytes) -> dict:
     """The TCA_OPTIONS payload of a dump -> {name: value} (NAMES; ecn_mask by name, the u8 flags as bools);
     PAD and unknown attributes are skipped."""
-    out: dict = {}
-    pos = 0
-    while pos + 4 <= len(data):
-        length, kind = struct.unpack_from("=HH", data, pos)
-        if length < 4 or pos + length > len(data):
-            raise Dualpi2NetlinkError(f"bad attribute length {length} at offset {pos}")
-        kind &= 0x3FFF  # NLA_F_NESTED / NLA_F_NET_BYTEORDER
-        payload = data[pos + 4:pos + length]
-        if kind in NAMES:
-            fmt = "=B" if kind in _U8 else "=I"
-            if len(payload) != struct.calcsize(fmt):
-                raise Dualpi2NetlinkError(f"attribute {kind}: {len(payload)} bytes, expected {struct.calcsize(fmt)}")
-            out[NAMES[kind]] = struct.unpack(fmt, payload)[0]
-        pos += length + (-length % 4)
+    out = nla.decode(data, _FORMATS, NAMES, Dualpi2NetlinkError)
     if "ecn_mask" in out:
         out["ecn_mask"] = {v: k for k, v in ECN_MASKS.items()}.get(out["ecn_mask"], out["ecn_mask"])
     for flag in ("drop_overload", "drop_early", "split_gso"):

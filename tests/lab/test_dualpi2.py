@@ -27,23 +27,28 @@ goes down.
 """
 from __future__ import annotations
 
-import base64
 import json
 import re
-import shutil
 import subprocess
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from orchestrator.ingest import qdelay
 from orchestrator.ingest.pcap import read_pcap
-from orchestrator.lab import vm, vm_host
+from orchestrator.lab import vm_host
 from orchestrator.storage.records import PROTO_TCP, PROTO_UDP
 from schemas.qdiscs import dualpi2_netlink as dn
-from tests.lab.conftest import TEST_PREFIX, vm_lab_up, vm_unavailable
+from tests.lab.conftest import (
+    TEST_PREFIX,
+    build_guest_module,
+    guest_bottleneck,
+    guest_fetch,
+    guest_ok,
+    vm_lab_up,
+    vm_unavailable,
+)
 
 KERNEL = "linux-image-7.2.13+deb14-amd64"
 PREFIX = f"{TEST_PREFIX}d2"[:12]
@@ -57,49 +62,19 @@ CHAIN = ["tc qdisc replace dev to-client root handle 1: htb default 1",
          "tc class add dev to-client parent 1: classid 1:1 htb rate 10mbit ceil 10mbit burst 2500 cburst 2500"]
 
 
-def build_module():
-    """sch_dualpi2.ko for the 7.2 guest; skips when this machine cannot build it."""
-    from orchestrator.kernel import debian_modules as build
-    from orchestrator.lab import vm_image
-
-    for tool in ("make", "gcc", "modinfo", "dpkg-deb", "apt-get", "tar", "xz"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"building sch_dualpi2 needs {tool}")
-    started = time.monotonic()
-    try:
-        built = build.ensure_module("sch_dualpi2", KERNEL, timeout_s=900)
-    except build.ModuleBuildError:
-        raise
-    except vm_image.ImageError as exc:  # apt could not fetch the 7.2 packages from unstable
-        pytest.skip(f"cannot fetch {KERNEL}'s headers or linux-source-7.2 from Debian unstable (apt): {exc}")
-    print(f"\nsch_dualpi2: {built.ko} ({built.vermagic}); make {built.build_s:.1f} s (0: cached), "
-          f"ensure_module {time.monotonic() - started:.1f} s")
-    return built
-
-
 @pytest.fixture(scope="module")
 def dualpi2_lab(tmp_path_factory):
     if reason := vm_unavailable():  # before building: the build writes to the root-owned cache
         pytest.skip(reason)
-    built = build_module()
+    built = build_guest_module("sch_dualpi2", KERNEL, ("make", "gcc", "modinfo", "dpkg-deb", "apt-get", "tar", "xz"),
+                               900)
     for inv, state_dir in vm_lab_up(tmp_path_factory, PREFIX, ("aqm",), timeout_s=300, kernel=KERNEL):
         yield built, inv, state_dir
-
-
-def _guest(state_dir: Path, argv: list[str], timeout_s: float = 60) -> str:
-    r = vm.guest_exec(argv, state_dir, timeout_s=timeout_s)
-    assert r.returncode == 0, f"{argv}: rc {r.returncode}: {r.stderr.strip()} {r.stdout.strip()}"
-    return r.stdout
 
 
 def _dualpi2_nl(*args: str) -> str:
     python, _ = vm_host.guest_interpreter()
     return f"cd {vm_host.REPO_ROOT} && exec {python} -m orchestrator.kernel.dualpi2_nl " + " ".join(args)
-
-
-def _fetch(state_dir: Path, guest_path: str, dest: Path) -> Path:
-    dest.write_bytes(base64.b64decode(_guest(state_dir, ["base64", guest_path], timeout_s=120)))
-    return dest
 
 
 def _iperf3_pair(client_ns: str, server_ns: str, client_addr: str) -> tuple[dict, dict]:
@@ -135,14 +110,10 @@ def prob_at(t_ns: np.ndarray, samples: list[dict]) -> np.ndarray:
 def test_dualpi2_couples_l4s_marks_to_the_classic_queue(dualpi2_lab, tmp_path):
     built, inv, state_dir = dualpi2_lab
     t0 = time.monotonic()
-    _guest(state_dir, ["insmod", str(built.ko)])
-    assert "sch_dualpi2" in _guest(state_dir, ["cat", "/proc/modules"])
-    for dev in ("to-client", "to-server"):  # one qdisc packet = one wire packet
-        _guest(state_dir, ["ethtool", "-K", dev, "gro", "off", "gso", "off", "tso", "off"])
-    _guest(state_dir, ["sh", "-c", " && ".join(CHAIN)])
+    guest_bottleneck(state_dir, built.ko, "sch_dualpi2", CHAIN)
     args = ["--dev", "to-client", "--parent", "1:1", "--handle", "2:", "--limit", "1000", "--target-us", "15000",
             "--tupdate-us", "16000", "--step-thresh-us", "1000", "--coupling", str(K), "--ecn-mask", "l4s_ect"]
-    shown = json.loads(_guest(state_dir, ["sh", "-c", _dualpi2_nl("add", *args)], timeout_s=120))
+    shown = json.loads(guest_ok(state_dir, ["sh", "-c", _dualpi2_nl("add", *args)], timeout_s=120))
     assert len(shown) == 1 and shown[0]["handle"] == "2:" and shown[0]["parent"] == "1:1", shown
     assert shown[0]["mismatches"] == [], shown  # the read-back over netlink is what was asked
     print(f"configured + read back in the guest: {shown[0]['options']} hex {shown[0]['options_hex']} "
@@ -153,7 +124,7 @@ def test_dualpi2_couples_l4s_marks_to_the_classic_queue(dualpi2_lab, tmp_path):
     for ns in (client_ns, server_ns):
         subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.tcp_ecn=1"], check=True)
     flt = f"tcp port {TCP_PORT} or udp port {UDP_PORT}"
-    pids = _guest(state_dir, ["sh", "-c", " ; ".join(
+    pids = guest_ok(state_dir, ["sh", "-c", " ; ".join(
         [f"tcpdump -n -i {dev} -s 128 -w /tmp/d2-{dev}.pcap '{flt}' >/tmp/d2-{dev}.log 2>&1 & echo $!"
          for dev in ("to-server", "to-client")]
         + [_dualpi2_nl("watch", "--dev", "to-client", "--every", "0.1", "--count", str(12 * (SECONDS + 10)))
@@ -161,16 +132,16 @@ def test_dualpi2_couples_l4s_marks_to_the_classic_queue(dualpi2_lab, tmp_path):
     time.sleep(2)  # tcpdump and the watcher under TCG take a moment to start
     tcp, udp = _iperf3_pair(client_ns, server_ns, client_addr)
     time.sleep(1)
-    _guest(state_dir, ["kill", "-INT", *pids])
+    guest_ok(state_dir, ["kill", "-INT", *pids])
     time.sleep(1.5)
     assert "error" not in tcp and "error" not in udp, (tcp.get("error"), udp.get("error"))
-    final = json.loads(_guest(state_dir, ["sh", "-c", _dualpi2_nl("show", "--dev", "to-client")], timeout_s=120))[0]
+    final = json.loads(guest_ok(state_dir, ["sh", "-c", _dualpi2_nl("show", "--dev", "to-client")], timeout_s=120))[0]
     xs = final["xstats"]
-    samples = [json.loads(line) for line in _guest(state_dir, ["cat", "/tmp/d2-watch.jsonl"]).splitlines() if line]
-    tcpdump_logs = _guest(state_dir, ["sh", "-c", "cat /tmp/d2-to-server.log /tmp/d2-to-client.log"])
+    samples = [json.loads(line) for line in guest_ok(state_dir, ["cat", "/tmp/d2-watch.jsonl"]).splitlines() if line]
+    tcpdump_logs = guest_ok(state_dir, ["sh", "-c", "cat /tmp/d2-to-server.log /tmp/d2-to-client.log"])
 
-    ingress = read_pcap(_fetch(state_dir, "/tmp/d2-to-server.pcap", tmp_path / "in.pcap"), point=0)
-    egress = read_pcap(_fetch(state_dir, "/tmp/d2-to-client.pcap", tmp_path / "out.pcap"), point=1)
+    ingress = read_pcap(guest_fetch(state_dir, "/tmp/d2-to-server.pcap", tmp_path / "in.pcap"), point=0)
+    egress = read_pcap(guest_fetch(state_dir, "/tmp/d2-to-client.pcap", tmp_path / "out.pcap"), point=1)
 
     def data(p: np.ndarray) -> np.ndarray:  # UDP: not iperf3's 4-byte hello, sent before it sets the TOS
         return p[((p["proto"] == PROTO_TCP) & (p["dst_port"] == TCP_PORT) & (p["payload_len"] > 0))
