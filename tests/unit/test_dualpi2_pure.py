@@ -8,6 +8,7 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from orchestrator.kernel import argv, modbuild
@@ -165,3 +166,37 @@ def test_compiler_substitution_for_gcc16_headers():
     assert not modbuild.needs_newer_glibc("usage: objtool COMMAND [ARGS]")
     assert argv.module_build(Path("/k"), Path("/m"), 2, ["CC=gcc"]) == ["make", "-C", "/k", "-j2", "M=/m", "CC=gcc",
                                                                         "modules"]
+
+
+# ---------------------------------------------------------------- the coupling check of tests/lab/test_dualpi2.py
+def _sample(t: float, p: float, marks: int, steps: int, delay_c_us: int = 15000) -> dict:
+    return {"t": t, "xstats": {"p_prime": p, "ecn_mark": marks, "step_marks": steps, "delay_c_us": delay_c_us}}
+
+
+def test_backlog_at_dequeue_from_paired_times():
+    from tests.lab.dualpi2_coupling import backlog_at_dequeue
+
+    # three 1514-byte packets arrive at 0, 1, 2 and leave at 10, 11, 12: the first leaves two behind
+    ts_in, ts_out = np.array([0, 1, 2]), np.array([10, 11, 12])
+    assert backlog_at_dequeue(ts_in, ts_out, np.array([1514] * 3)).tolist() == [3028, 1514, 0]
+    # one arriving after the first left is not behind it
+    assert backlog_at_dequeue(np.array([0, 11]), np.array([10, 12]), np.array([100, 100])).tolist() == [0, 0]
+
+
+def test_coupling_counts_only_steady_intervals():
+    from tests.lab.dualpi2_coupling import coupling, steady_intervals
+
+    samples = [_sample(0.0, 0.1, 0, 0), _sample(0.1, 0.1, 30, 5), _sample(0.5, 0.1, 40, 5),   # 0.4 s gap
+               _sample(0.6, 0.3, 60, 5, delay_c_us=60000)]                                     # queue too long
+    assert steady_intervals(samples, 0.25, 15000).tolist() == [0]
+    ns = 1_000_000_000
+    ts_l = np.array([0.01, 0.02, 0.03, 0.2]) * ns      # three in the steady interval, one in the stalled one
+    ts_c = np.array([0.05, 0.06, 0.3]) * ns
+    ce_c = np.array([1.0, 0.0, 1.0])
+    r = coupling(samples, ts_l, ts_c, ce_c, 2, 0.25, 15000, np.ones(4, bool), np.ones(3, bool))
+    assert r["steady_intervals"] == 1 and r["l_packets"] == 3 and r["c_packets"] == 2
+    assert r["coupled_l"] == 30 - 5 - 1                  # Δecn_mark − Δstep_marks − classic CE in the interval
+    assert r["expected_l"] == pytest.approx(3 * 0.2) and r["expected_c"] == pytest.approx(2 * 0.01)
+    assert r["ce_c"] == 1 and r["expected_c_if_linear"] == pytest.approx(0.2)
+    none_eligible = coupling(samples, ts_l, ts_c, ce_c, 2, 0.25, 15000, np.zeros(4, bool), np.zeros(3, bool))
+    assert none_eligible["expected_l"] == 0 and none_eligible["expected_c"] == 0
