@@ -92,8 +92,8 @@ def suite_options(suite: str, timeout: float = 300.0) -> list[str]:
     (sdir / "cache" / "archives" / "partial").mkdir(parents=True, exist_ok=True)
     with open(sdir / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        sources = [p.read_text() for p in [Path("/etc/apt/sources.list"), *Path("/etc/apt/sources.list.d").glob("*")]
-                   if p.is_file()]
+        files = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]
+        sources = [p.read_text() for p in files if p.is_file()]
         (sdir / "sources.list").write_text(apt_suite.sources_line(apt_suite.mirror_from_sources(sources), suite))
         stamp = sdir / "updated"
         if not stamp.exists() or time.time() - stamp.stat().st_mtime > apt_suite.MAX_LIST_AGE_S:
@@ -102,14 +102,9 @@ def suite_options(suite: str, timeout: float = 300.0) -> list[str]:
     return opts
 
 
-_SHOWN: dict[str, tuple[str, list[str]]] = {}
-
-
 def apt_show(package: str) -> tuple[str, list[str]]:
     """`apt-cache show` of `package` and the apt options that find it: the system's sources first, then each
-    extra suite (apt_suite.EXTRA_SUITES: a 7.2 kernel is in unstable only)."""
-    if package in _SHOWN:
-        return _SHOWN[package]
+    extra suite (apt_suite.EXTRA_SUITES: a 7.2 kernel is in unstable only). Asked each time, like apt."""
     try:
         found = (_run(apt_version_argv(package), timeout=60), [])
     except ImageError as exc:
@@ -123,7 +118,6 @@ def apt_show(package: str) -> tuple[str, list[str]]:
                 continue
         if found is None:
             raise first from None
-    _SHOWN[package] = found
     return found
 
 

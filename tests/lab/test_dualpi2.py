@@ -135,7 +135,13 @@ def test_dualpi2_couples_l4s_marks_to_the_classic_queue(dualpi2_lab, tmp_path):
     guest_ok(state_dir, ["kill", "-INT", *pids])
     time.sleep(1.5)
     assert "error" not in tcp and "error" not in udp, (tcp.get("error"), udp.get("error"))
-    final = json.loads(guest_ok(state_dir, ["sh", "-c", _dualpi2_nl("show", "--dev", "to-client")], timeout_s=120))[0]
+    # `change` over netlink (k = 3, step 2 ms), read back in the same call with the xstats the transfer left
+    # (change keeps the counters)
+    final = json.loads(guest_ok(state_dir, ["sh", "-c", _dualpi2_nl(
+        "change", "--dev", "to-client", "--parent", "1:1", "--handle", "2:", "--coupling", "3",
+        "--step-thresh-us", "2000")], timeout_s=120))[0]
+    assert final["mismatches"] == [] and final["options"]["coupling_factor"] == 3, final
+    assert final["options"]["step_thresh_us"] == 2000 and final["options"]["target_us"] == 15000, final
     xs = final["xstats"]
     samples = [json.loads(line) for line in guest_ok(state_dir, ["cat", "/tmp/d2-watch.jsonl"]).splitlines() if line]
     tcpdump_logs = guest_ok(state_dir, ["sh", "-c", "cat /tmp/d2-to-server.log /tmp/d2-to-client.log"])
