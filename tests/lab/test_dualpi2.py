@@ -86,15 +86,16 @@ def _iperf3_pair(client_ns: str, server_ns: str, client_addr: str) -> tuple[dict
     receivers = [subprocess.Popen(["ip", "netns", "exec", client_ns, "iperf3", "-s", "-1", "-p", str(port)],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                  for port in (TCP_PORT, UDP_PORT)]
+    senders: list[subprocess.Popen] = []
     try:
         time.sleep(0.5)
         base = ["ip", "netns", "exec", server_ns, "iperf3", "-c", client_addr, "-t", str(SECONDS), "-J"]
-        tcp = subprocess.Popen([*base, "-p", str(TCP_PORT), "-C", "cubic"], stdout=subprocess.PIPE, text=True)
-        udp = subprocess.Popen([*base, "-p", str(UDP_PORT), "-u", "-b", "2M", "-l", "1200", "--tos", "1"],
-                               stdout=subprocess.PIPE, text=True)
-        outs = [p.communicate(timeout=SECONDS + 60)[0] for p in (tcp, udp)]
+        for extra in (["-p", str(TCP_PORT), "-C", "cubic"],
+                      ["-p", str(UDP_PORT), "-u", "-b", "2M", "-l", "1200", "--tos", "1"]):
+            senders.append(subprocess.Popen([*base, *extra], stdout=subprocess.PIPE, text=True))
+        outs = [p.communicate(timeout=SECONDS + 60)[0] for p in senders]
     finally:
-        for r in receivers:
+        for r in senders + receivers:  # our own children, by pid
             try:
                 r.wait(timeout=20)
             except subprocess.TimeoutExpired:
@@ -107,8 +108,9 @@ def test_dualpi2_couples_l4s_marks_to_the_classic_queue(dualpi2_lab, tmp_path):
     built, inv, state_dir = dualpi2_lab
     t0 = time.monotonic()
     guest_bottleneck(state_dir, built.ko, "sch_dualpi2", CHAIN)
-    args = ["--dev", "to-client", "--parent", "1:1", "--handle", "2:", "--limit", "1000", "--target-us", "15000",
-            "--tupdate-us", "16000", "--step-thresh-us", "1000", "--coupling", str(K), "--ecn-mask", "l4s_ect"]
+    args = ["--dev", "to-client", "--parent", "1:1", "--handle", "2:", "--limit", str(ASKED[dn.LIMIT]),
+            "--target-us", str(ASKED[dn.TARGET]), "--tupdate-us", str(ASKED[dn.TUPDATE]),
+            "--step-thresh-us", str(ASKED[dn.STEP_THRESH_US]), "--coupling", str(K), "--ecn-mask", "l4s_ect"]
     shown = json.loads(guest_ok(state_dir, ["sh", "-c", _dualpi2_nl("add", *args)], timeout_s=120))
     assert len(shown) == 1 and shown[0]["handle"] == "2:" and shown[0]["parent"] == "1:1", shown
     assert shown[0]["mismatches"] == [], shown  # the read-back over netlink is what was asked
