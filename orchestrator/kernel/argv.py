@@ -69,8 +69,9 @@ def deb_build(root: Path, deb: Path) -> list[str]:
     return ["dpkg-deb", "--root-owner-group", "-b", str(root), str(deb)]
 
 
-def module_build(tree: Path, module_dir: Path, jobs: int = 1) -> list[str]:
-    return ["make", "-C", str(tree), f"-j{jobs}", f"M={module_dir}", "modules"]
+def module_build(tree: Path, module_dir: Path, jobs: int = 1, make_vars: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """`make_vars`: VAR=value overrides (modbuild.substitute_compiler_vars)."""
+    return ["make", "-C", str(tree), f"-j{jobs}", f"M={module_dir}", *make_vars, "modules"]
 
 
 def modinfo_vermagic(ko: Path) -> list[str]:

@@ -1,12 +1,18 @@
-"""Build an out-of-tree module of experiments/modules/ for a VM-lab guest kernel (effects).
+"""Build an out-of-tree module of experiments/modules/ -- or an in-tree module Debian's config leaves out
+(modbuild.SOURCE_MODULES: sch_dualpi2, from the kernel's source package) -- for a VM-lab guest kernel (effects).
 
 `ensure_module("sch_aqm_mark")`: apt-get download the guest kernel's header packages (orchestrator.kernel.modbuild
 .header_packages), dpkg-deb -x them into CACHE/headers/<release>/<version>/root (nothing is installed), point
 the flavour Makefile at the unpacked common tree, `make -C <flavour dir> M=<copy of the sources> modules`,
 and check `modinfo -F vermagic` against a module of the guest's own tree. The .ko is cached under
-CACHE/build/<module>/<key> (key: sha256 of sources, headers version, compiler); a second call builds nothing.
+CACHE/build/<module>/<key> (key: sha256 of sources, headers version, compiler, make overrides); a second call
+builds nothing. Packages come from whichever suite knows them (the system's, else Debian unstable:
+orchestrator.lab.apt_suite). When the headers' compiler is not installed (7.2: gcc 16) the host's gcc builds
+with modbuild.substitute_compiler_vars, and when the kbuild package's binaries need a newer glibc, objtool and
+modpost come from the kernel's source package (orchestrator.kernel.debian_source).
 
     python -m orchestrator.kernel.debian_modules [--kernel linux-image-6.1.0-56-amd64] [--module sch_aqm_mark]
+    python -m orchestrator.kernel.debian_modules --kernel linux-image-7.2.13+deb14-amd64 --module sch_dualpi2
 """
 from __future__ import annotations
 
@@ -15,14 +21,17 @@ import fcntl
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from orchestrator.kernel import argv as kargv
+from orchestrator.kernel import debian_source
 from orchestrator.kernel.modbuild import (
     MODULES_DIR,
+    SOURCE_MODULES,
     BuiltModule,
     ModuleBuildError,
     build_dir,
@@ -30,12 +39,17 @@ from orchestrator.kernel.modbuild import (
     check_vermagic,
     compiler_from_variables,
     compiler_version_argv,
+    config_state,
     first_line,
     header_packages,
     headers_dir,
     module_sources,
+    needs_newer_glibc,
     reference_module,
     relocated_makefile,
+    source_module_files,
+    source_package,
+    substitute_compiler_vars,
 )
 from orchestrator.lab import vm_image
 from orchestrator.lab.vm_recipe import check_package, unpack_argv
@@ -74,17 +88,52 @@ def guest_vermagic(package: str, timeout_s: float) -> str:
     return vm_image._run(kargv.modinfo_vermagic(ref), timeout=60)
 
 
-def ensure_module(name: str = "sch_aqm_mark", package: str | None = None, timeout_s: float = 600.0) -> BuiltModule:
-    """Build (or take from the cache) experiments/modules/<name>/<name>.ko for the guest kernel `package`
-    (default: the VM lab's, the newest linux-image-6.1.0-*-amd64)."""
+def _kbuild_runs(kdir: Path) -> bool:
+    """Whether the kbuild package's binaries run here (objtool stands for them: one package, one glibc)."""
+    done = subprocess.run([str(kdir / "tools/objtool/objtool")], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "SRCARCH": "x86"}, check=False)
+    return not needs_newer_glibc(done.stdout + done.stderr)
+
+
+def _sources(name: str, package: str, config: str, timeout_s: float) -> dict[str, bytes]:
+    """experiments/modules/<name>/'s files, or for an in-tree module its file from the kernel's source package."""
+    if (MODULES_DIR / name).is_dir():
+        sources = module_sources(MODULES_DIR / name)
+        if f"{name}.c" not in sources:
+            raise ModuleBuildError(f"{MODULES_DIR / name} has no {name}.c")
+        return sources
+    if name not in SOURCE_MODULES:
+        raise ModuleBuildError(f"no module {name}: neither {MODULES_DIR / name} nor one of {sorted(SOURCE_MODULES)}")
+    rel, option = SOURCE_MODULES[name]
+    if config_state(config, option) in ("y", "m"):
+        raise ModuleBuildError(f"{package} has {option}={config_state(config, option)}: nothing to build")
+    tree = debian_source.ensure_source(source_package(package), CACHE, timeout_s)
+    return source_module_files(name, tree.file(rel))
+
+
+def _make_vars(package: str, kdir: Path, compiler: str, config: str, timeout_s: float) -> tuple[str, list[str]]:
+    """The compiler to build with and the make overrides (none when the headers' own toolchain runs here)."""
+    host = compiler if shutil.which(compiler) else "gcc"
+    if host == compiler and _kbuild_runs(kdir):
+        return compiler, []
+    tools = None
+    if not _kbuild_runs(kdir):
+        tree = debian_source.ensure_source(source_package(package), CACHE, timeout_s)
+        tools = debian_source.host_tools(tree, config, host, timeout_s)
+    return host, substitute_compiler_vars(config, host, tools)
+
+
+def ensure_module(name: str = "sch_aqm_mark", package: str | None = None, timeout_s: float = 900.0) -> BuiltModule:
+    """Build (or take from the cache) <name>.ko for the guest kernel `package` (default: the VM lab's, the
+    newest linux-image-6.1.0-*-amd64): experiments/modules/<name>/, or modbuild.SOURCE_MODULES' file."""
     package = check_package(package or vm_image.default_package())
     kdir, version = _ensure_headers(package, timeout_s)
-    compiler = compiler_from_variables((kdir / ".kernelvariables").read_text())
+    config = (kdir / ".config").read_text()
+    compiler, make_vars = _make_vars(package, kdir, compiler_from_variables((kdir / ".kernelvariables").read_text()),
+                                     config, timeout_s)
     cc = first_line(vm_image._run(compiler_version_argv(compiler), timeout=60))
-    sources = module_sources(MODULES_DIR / name)
-    if f"{name}.c" not in sources:
-        raise ModuleBuildError(f"{MODULES_DIR / name} has no {name}.c")
-    key = cache_key(sources, version, cc)
+    sources = _sources(name, package, config, timeout_s)
+    key = cache_key(sources, version, " ".join([cc, *make_vars]))
     bdir = build_dir(CACHE, name, key)
     release = header_packages(package).release
     meta = bdir / "build.json"
@@ -97,13 +146,13 @@ def ensure_module(name: str = "sch_aqm_mark", package: str | None = None, timeou
         for fname, data in sources.items():
             (work / fname).write_bytes(data)
         started = time.monotonic()
-        vm_image._run(kargv.module_build(kdir, work, jobs=2), timeout=timeout_s)
+        vm_image._run(kargv.module_build(kdir, work, jobs=2, make_vars=make_vars), timeout=timeout_s)
         build_s = time.monotonic() - started
         vermagic = first_line(vm_image._run(kargv.modinfo_vermagic(work / f"{name}.ko"), timeout=60))
         check_vermagic(vermagic, guest_vermagic(package, timeout_s))
         (work / "build.json").write_text(json.dumps(
             {"vermagic": vermagic, "build_s": round(build_s, 2), "headers_version": version, "compiler": cc,
-             "package": package}, indent=1))
+             "make_vars": make_vars, "package": package}, indent=1))
         work.chmod(0o755)
         if bdir.exists():  # a concurrent build finished first
             shutil.rmtree(work)

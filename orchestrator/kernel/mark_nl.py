@@ -22,11 +22,14 @@ async def _request(ipr, msg, msg_type: int, flags: int) -> list:
     return [x async for x in await ipr.nlm_request(msg, msg_type=msg_type, msg_flags=flags)]
 
 
-async def configure(dev: str, parent: str, handle: str, options: bytes, command: str = "add") -> None:
-    """RTM_NEWQDISC with TCA_KIND aqm_mark and the raw TCA_OPTIONS nest (add: create, fail if present;
-    change: modify the existing one)."""
+async def configure(dev: str, parent: str, handle: str, options: bytes, command: str = "add",
+                    kind: str = mn.KIND, nested_flag: bool = False) -> None:
+    """RTM_NEWQDISC with TCA_KIND `kind` (aqm_mark; dualpi2_nl passes dualpi2) and the raw TCA_OPTIONS nest
+    (add: create, fail if present; change: modify the existing one). `nested_flag`: set NLA_F_NESTED on
+    TCA_OPTIONS, which a qdisc parsing it with nla_parse_nested (not _deprecated) requires (dualpi2: EINVAL
+    without it)."""
     from pyroute2 import AsyncIPRoute
-    from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST
+    from pyroute2.netlink import NLA_F_NESTED, NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST
     from pyroute2.netlink.rtnl import RTM_NEWQDISC
     from pyroute2.netlink.rtnl.tcmsg import tcmsg
 
@@ -35,13 +38,15 @@ async def configure(dev: str, parent: str, handle: str, options: bytes, command:
         msg = tcmsg()
         msg["family"], msg["index"] = 0, index
         msg["handle"], msg["parent"] = mn.parse_handle(handle), mn.parse_handle(parent)
-        msg["attrs"] = [("TCA_KIND", mn.KIND), ("TCA_OPTIONS", options)]
+        msg["attrs"] = [("TCA_KIND", kind), ("TCA_OPTIONS", options, NLA_F_NESTED if nested_flag else 0)]
         flags = NLM_F_REQUEST | NLM_F_ACK | (NLM_F_CREATE | NLM_F_EXCL if command == "add" else 0)
         await _request(ipr, msg, RTM_NEWQDISC, flags)
 
 
-async def show(dev: str) -> list[dict]:
-    """Every aqm_mark qdisc on `dev` from a qdisc dump: handle, parent, decoded options and xstats."""
+async def dump(dev: str, kind: str) -> list[tuple[str, str, bytes, bytes | None, dict]]:
+    """(handle, parent, TCA_OPTIONS bytes, TCA_XSTATS bytes, TCA_STATS {packets, drop, overlimits, qlen,
+    backlog}) of every `kind` qdisc on `dev` (a qdisc dump; pyroute2 knows neither kind and hands options and
+    xstats over raw)."""
     from pyroute2 import AsyncIPRoute
     from pyroute2.netlink import NLM_F_DUMP, NLM_F_REQUEST
     from pyroute2.netlink.rtnl import RTM_GETQDISC
@@ -53,14 +58,21 @@ async def show(dev: str) -> list[dict]:
         req = tcmsg()
         req["index"] = index
         for q in await _request(ipr, req, RTM_GETQDISC, NLM_F_REQUEST | NLM_F_DUMP):
-            if q["index"] != index or q.get_attr("TCA_KIND") != mn.KIND:
+            if q["index"] != index or q.get_attr("TCA_KIND") != kind:
                 continue
-            options, xstats = mn.from_hex(q.get_attr("TCA_OPTIONS") or b""), q.get_attr("TCA_XSTATS")
-            parent = f"{q['parent'] >> 16:x}:{q['parent'] & 0xFFFF:x}"
-            out.append({"handle": f"{q['handle'] >> 16:x}:", "parent": parent,
-                        "options": mn.decode_options(options), "options_hex": options.hex(),
-                        "xstats": mn.decode_xstats(mn.from_hex(xstats)) if xstats else None})
+            xstats, stats = q.get_attr("TCA_XSTATS"), q.get_attr("TCA_STATS")
+            counters = {f: stats[f] for f in ("packets", "drop", "overlimits", "qlen", "backlog")} if stats else {}
+            out.append((f"{q['handle'] >> 16:x}:", f"{q['parent'] >> 16:x}:{q['parent'] & 0xFFFF:x}",
+                        mn.from_hex(q.get_attr("TCA_OPTIONS") or b""), mn.from_hex(xstats) if xstats else None,
+                        counters))
     return out
+
+
+async def show(dev: str) -> list[dict]:
+    """Every aqm_mark qdisc on `dev` from a qdisc dump: handle, parent, decoded options and xstats."""
+    return [{"handle": handle, "parent": parent, "options": mn.decode_options(options), "options_hex": options.hex(),
+             "xstats": mn.decode_xstats(xstats) if xstats else None}
+            for handle, parent, options, xstats, _ in await dump(dev, mn.KIND)]
 
 
 def main(argv: list[str] | None = None) -> int:

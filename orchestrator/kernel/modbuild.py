@@ -73,11 +73,62 @@ def header_packages(image_package: str) -> HeaderPackages:
 
 def relocated_makefile(text: str, root: Path) -> str:
     """Debian's flavour Makefile includes the common tree by absolute path (`include /usr/src/linux-headers-
-    …-common/Makefile`); point it into the unpacked tree. The scripts/tools symlinks are relative already."""
+    …-common/Makefile`; 7.x also sets `KBUILD_OUTPUT=/usr/src/…-amd64`); point them into the unpacked tree.
+    The scripts/tools symlinks are relative already."""
     out, n = re.subn(r"^include /usr/src/", f"include {root}/usr/src/", text, flags=re.M)
     if n != 1:
         raise ModuleBuildError("unexpected flavour Makefile: no `include /usr/src/…` line")
+    return re.sub(r"^KBUILD_OUTPUT\s*=\s*/usr/src/", f"KBUILD_OUTPUT={root}/usr/src/", out, flags=re.M)
+
+
+# Modules Debian's config leaves out but the kernel's own source has: built from the source package's file
+# (orchestrator.kernel.debian_source) instead of experiments/modules/. name -> (path in the tree, config option)
+SOURCE_MODULES = {"sch_dualpi2": ("net/sched/sch_dualpi2.c", "CONFIG_NET_SCH_DUALPI2")}
+
+
+def source_package(image_package: str) -> str:
+    """linux-image-7.2.13+deb14-amd64 -> linux-source-7.2; linux-image-6.1.0-56-amd64 -> linux-source-6.1."""
+    m = PACKAGE_RE.match(image_package)
+    if not m:
+        raise ModuleBuildError(f"{image_package!r} is not a Debian kernel image package")
+    return "linux-source-" + ".".join(m.group("abi").split(".")[:2])
+
+
+def source_module_files(name: str, source: bytes) -> dict[str, bytes]:
+    """The out-of-tree build of one in-tree file: the file and a one-line Kbuild."""
+    return {f"{name}.c": source, "Kbuild": f"obj-m += {name}.o\n".encode()}
+
+
+def config_state(config: str, option: str) -> str | None:
+    """`y`, `m`, another value, or None (`# … is not set` / absent) for one option of a .config."""
+    m = re.search(rf"^{re.escape(option)}=(.*)$", config, re.M)
+    return m.group(1) if m else None
+
+
+def substitute_compiler_vars(config: str, host_cc: str, tools: tuple[Path, Path] | None) -> list[str]:
+    """make variables that build a module with the host's compiler against headers configured for a newer
+    one (7.2's are for gcc 16; this machine has gcc 12), each with its reason:
+    - CC: the host's compiler (the headers' `x86_64-linux-gnu-gcc-16` is not installed);
+    - CONFIG_CC_HAS_MIN_FUNCTION_ALIGNMENT empty: gcc < 14 rejects `-fmin-function-alignment=16`; the top
+      Makefile then passes `-falign-functions=16`, its own fallback for older compilers (same alignment);
+    - CONFIG_DEBUG_INFO_BTF_MODULES empty: no BTF for the module (pahole here is older than the kernel's, and
+      the kbuild package's resolve_btfids needs glibc 2.38); a qdisc needs none;
+    - objtool, MODPOST: `tools` = (objtool, modpost) built on this machine from the same kernel's source, when
+      the kbuild package's binaries need a newer glibc than this machine's (7.2's: GLIBC_2.38; bookworm: 2.36).
+    Module ABI is unchanged: the headers, .config and Module.symvers are Debian's."""
+    out = [f"CC={host_cc}"]
+    if config_state(config, "CONFIG_CC_HAS_MIN_FUNCTION_ALIGNMENT") == "y":
+        out.append("CONFIG_CC_HAS_MIN_FUNCTION_ALIGNMENT=")
+    if config_state(config, "CONFIG_DEBUG_INFO_BTF_MODULES") == "y":
+        out.append("CONFIG_DEBUG_INFO_BTF_MODULES=")
+    if tools is not None:
+        out += [f"objtool={tools[0]}", f"MODPOST={tools[1]}"]
     return out
+
+
+def needs_newer_glibc(output: str) -> bool:
+    """What the dynamic loader prints when a binary was linked against a newer glibc than this one."""
+    return bool(re.search(r"version `GLIBC_[\d.]+' not found", output))
 
 
 def module_sources(module_dir: Path) -> dict[str, bytes]:

@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from orchestrator.lab import apt_suite
 from orchestrator.lab.vm_recipe import (
     BUSYBOX,
     DEFAULT_SERIES,
@@ -82,10 +83,48 @@ def resolve_package(pattern: str) -> str:
     return found
 
 
+def suite_options(suite: str, timeout: float = 300.0) -> list[str]:
+    """apt options for the extra `suite` (apt_suite): its private list is written and its index fetched when
+    missing or older than a day."""
+    sdir = apt_suite.suite_dir(CACHE_ROOT, suite)
+    opts = apt_suite.options(sdir)
+    (sdir / "lists" / "partial").mkdir(parents=True, exist_ok=True)
+    (sdir / "cache" / "archives" / "partial").mkdir(parents=True, exist_ok=True)
+    with open(sdir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        files = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]
+        sources = [p.read_text() for p in files if p.is_file()]
+        (sdir / "sources.list").write_text(apt_suite.sources_line(apt_suite.mirror_from_sources(sources), suite))
+        stamp = sdir / "updated"
+        if not stamp.exists() or time.time() - stamp.stat().st_mtime > apt_suite.MAX_LIST_AGE_S:
+            _run(apt_suite.update_argv(opts), timeout=timeout)
+            stamp.touch()
+    return opts
+
+
+def apt_show(package: str) -> tuple[str, list[str]]:
+    """`apt-cache show` of `package` and the apt options that find it: the system's sources first, then each
+    extra suite (apt_suite.EXTRA_SUITES: a 7.2 kernel is in unstable only). Asked each time, like apt."""
+    try:
+        found = (_run(apt_version_argv(package), timeout=60), [])
+    except ImageError as exc:
+        found, first = None, exc
+        for suite in apt_suite.EXTRA_SUITES:
+            opts = suite_options(suite)
+            try:
+                found = (_run(apt_version_argv(package, opts), timeout=60), opts)
+                break
+            except ImageError:
+                continue
+        if found is None:
+            raise first from None
+    return found
+
+
 def package_version(package: str) -> str:
     """apt's candidate version of `package`; offline, the newest-used cached one."""
     try:
-        version = apt_version(_run(apt_version_argv(package), timeout=60))
+        version = apt_version(apt_show(package)[0])
     except ImageError as exc:
         cached = _cached_versions(package)
         if cached:
@@ -99,7 +138,7 @@ def package_version(package: str) -> str:
 def _download(package: str, dest: Path, timeout: float) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix="download.", dir=dest))
     try:
-        _run(apt_download_argv(package), timeout=timeout, cwd=tmp)
+        _run(apt_download_argv(package, apt_show(package)[1]), timeout=timeout, cwd=tmp)
         debs = list(tmp.glob("*.deb"))
         if len(debs) != 1:
             raise ImageError(f"apt-get download {package} produced {len(debs)} .deb files")
@@ -110,6 +149,11 @@ def _download(package: str, dest: Path, timeout: float) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _parts(package: str) -> list[str]:
+    """The packages to download for a kernel image (itself, or 7.x's base/binary/modules)."""
+    return apt_suite.split_parts(package, apt_suite.depends(apt_show(package)[0]))
+
+
 def _read_modules(moddir: Path) -> tuple[dict[str, list[str]], list[str]]:
     """modules.dep and modules.builtin of a module tree (depmod has run)."""
     builtin = moddir / "modules.builtin"
@@ -117,15 +161,22 @@ def _read_modules(moddir: Path) -> tuple[dict[str, list[str]], list[str]]:
             builtin.read_text().split() if builtin.exists() else [])
 
 
-def _unpack(deb: Path, vdir: Path, timeout: float) -> None:
-    """vmlinuz, config and the module subset (vm_recipe.subset, uncompressed) out of the .deb."""
+def _unpack(debs: list[Path], vdir: Path, timeout: float) -> None:
+    """vmlinuz, config and the module subset (vm_recipe.subset, uncompressed) out of the .deb(s): one image
+    package (6.1, 6.12: /boot and /lib/modules) or 7.x's split parts (apt_suite.split_parts: everything under
+    /usr/lib/modules/<release>, modules as .ko.xz)."""
     tree = Path(tempfile.mkdtemp(prefix="unpack.", dir=vdir))
     try:
-        _run(unpack_argv(deb, tree), timeout=timeout)
-        release = one_release(deb.name, [p.name for p in (tree / "lib/modules").iterdir()])
+        for deb in debs:
+            _run(unpack_argv(deb, tree), timeout=timeout)
+        if not (tree / "lib/modules").exists() and (tree / "usr/lib/modules").exists():
+            (tree / "lib").mkdir(exist_ok=True)
+            (tree / "usr/lib/modules").rename(tree / "lib/modules")  # where depmod -b looks
+        release = one_release(debs[0].name, [p.name for p in (tree / "lib/modules").iterdir()])
         moddir = tree / "lib/modules" / release
-        shutil.copy(tree / f"boot/vmlinuz-{release}", vdir / "vmlinuz")
-        shutil.copy(tree / f"boot/config-{release}", vdir / "config")
+        for name, boot, usr in (("vmlinuz", f"boot/vmlinuz-{release}", moddir / "vmlinuz"),
+                                ("config", f"boot/config-{release}", moddir / "config")):
+            shutil.copy(tree / boot if (tree / boot).exists() else usr, vdir / name)
         _run(depmod_argv(tree, release), timeout=timeout)
         deps, builtin = _read_modules(moddir)
         wanted = subset(deps, builtin, share_for_config((vdir / "config").read_text()))
@@ -182,9 +233,9 @@ def ensure_image(package: str | None = None, timeout_s: float = 600.0, deb: Path
         built = False
         subset_file = vdir / "subset"
         if not (vdir / "release").exists() or not subset_file.exists() or subset_file.read_text() != subset_key():
-            debs = sorted(vdir.glob("*.deb")) or [Path(shutil.copy(deb, vdir)) if deb is not None
-                                                  else _download(package, vdir, timeout_s)]
-            _unpack(debs[0], vdir, timeout_s)
+            debs = sorted(vdir.glob("*.deb")) or ([Path(shutil.copy(deb, vdir))] if deb is not None
+                                                  else [_download(p, vdir, timeout_s) for p in _parts(package)])
+            _unpack(debs, vdir, timeout_s)
             built = True
         release = (vdir / "release").read_text().strip()
         share = share_for_config((vdir / "config").read_text())

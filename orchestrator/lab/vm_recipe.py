@@ -313,12 +313,13 @@ def apt_pkgnames_argv(prefix: str = "linux-image-") -> list[str]:
     return ["apt-cache", "pkgnames", prefix]
 
 
-def apt_download_argv(package: str) -> list[str]:
-    return ["apt-get", "download", "-q", "-o", "APT::Sandbox::User=root", package]
+def apt_download_argv(package: str, opts: Iterable[str] = ()) -> list[str]:
+    """`opts`: orchestrator.lab.apt_suite.options of an extra suite (none: the system's sources)."""
+    return ["apt-get", "download", "-q", "-o", "APT::Sandbox::User=root", *opts, package]
 
 
-def apt_version_argv(package: str) -> list[str]:
-    return ["apt-cache", "show", "--no-all-versions", package]
+def apt_version_argv(package: str, opts: Iterable[str] = ()) -> list[str]:
+    return ["apt-cache", *opts, "show", "--no-all-versions", package]
 
 
 def unpack_argv(deb: Path, dest: Path) -> list[str]:

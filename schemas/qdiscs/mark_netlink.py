@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import struct
 
+from schemas.qdiscs import nla
 from schemas.qdiscs.mark import Mark
 
 KIND = "aqm_mark"
@@ -37,11 +38,6 @@ class MarkNetlinkError(ValueError):
     pass
 
 
-def _attr(kind: int, payload: bytes) -> bytes:
-    length = 4 + len(payload)
-    return struct.pack("=HH", length, kind) + payload + b"\0" * (-length % 4)
-
-
 def encode_options(mode: str, metric: str, min_ns: int, max_ns: int | None, limit_packets: int,
                    on_dequeue: bool = True, rate_bytes_ps: int = 0) -> bytes:
     """The TCA_OPTIONS payload (the nested attributes, without the TCA_OPTIONS header)."""
@@ -51,7 +47,7 @@ def encode_options(mode: str, metric: str, min_ns: int, max_ns: int | None, limi
         raise MarkNetlinkError("ramp needs max_ns > min_ns")
     values = {MODE: MODES[mode], METRIC: METRICS[metric], MIN_NS: min_ns, MAX_NS: max_ns or 0,
               LIMIT: limit_packets, ON_DEQUEUE: int(on_dequeue), RATE: rate_bytes_ps}
-    return b"".join(_attr(k, struct.pack(_FORMATS[k], v)) for k, v in values.items())
+    return b"".join(nla.attr(k, struct.pack(_FORMATS[k], v)) for k, v in values.items())
 
 
 def options_for(stage: Mark, rate_bytes_ps: int = 0) -> bytes:
@@ -63,20 +59,7 @@ def options_for(stage: Mark, rate_bytes_ps: int = 0) -> bytes:
 def decode_options(data: bytes) -> dict:
     """The TCA_OPTIONS payload of a dump -> {mode, metric, min_ns, max_ns, limit_packets, on_dequeue,
     rate_bytes_ps}; PAD and unknown attributes are skipped."""
-    out: dict = {}
-    pos = 0
-    while pos + 4 <= len(data):
-        length, kind = struct.unpack_from("=HH", data, pos)
-        if length < 4 or pos + length > len(data):
-            raise MarkNetlinkError(f"bad attribute length {length} at offset {pos}")
-        kind &= 0x3FFF  # NLA_F_NESTED / NLA_F_NET_BYTEORDER
-        payload = data[pos + 4:pos + length]
-        if kind in _FORMATS:
-            fmt = _FORMATS[kind]
-            if len(payload) != struct.calcsize(fmt):
-                raise MarkNetlinkError(f"attribute {kind}: {len(payload)} bytes, expected {struct.calcsize(fmt)}")
-            out[_NAMES[kind]] = struct.unpack(fmt, payload)[0]
-        pos += length + (-length % 4)
+    out = nla.decode(data, _FORMATS, _NAMES, MarkNetlinkError)
     if "mode" in out:
         out["mode"] = {v: k for k, v in MODES.items()}.get(out["mode"], out["mode"])
     if "metric" in out:

@@ -81,21 +81,71 @@ def skip_unless_vm_lab_can_run() -> None:
 
 
 def vm_lab_up(tmp_path_factory, prefix: str, vm_roles: tuple[str, ...], timeout_s: float = 240,
-              graph=None) -> Iterator[tuple[dict, Path]]:
+              graph=None, kernel: str | None = None) -> Iterator[tuple[dict, Path]]:
     """Body of a module-scoped VM-lab fixture: skips with the reason when the VM lab cannot run (or the
     kernel image cannot be fetched), always takes the lab down. `graph`: a plan's topology (default: the
-    quickstart's chain)."""
+    quickstart's chain); `kernel`: the guests' Debian kernel package (default: the VM lab's)."""
     from orchestrator.lab import vm
 
     skip_unless_vm_lab_can_run()
     state_dir = tmp_path_factory.mktemp(prefix)
     try:
-        inv = vm.up(state_dir, prefix, timeout_s=timeout_s, vm_roles=vm_roles, graph=graph)
+        inv = vm.up(state_dir, prefix, kernel=kernel, timeout_s=timeout_s, vm_roles=vm_roles, graph=graph)
         print(f"\nvm lab ({', '.join(inv['vm']['roles'])} as guests): {inv['vm']['package']} {inv['vm']['accel']}, "
               f"agents ready after {inv['vm']['boot_s']} s")
         yield inv, state_dir
     finally:
         vm.down(state_dir, prefix)
+
+
+def build_guest_module(name: str, package: str | None, tools: tuple[str, ...], timeout_s: float):
+    """A module for a guest kernel (orchestrator.kernel.debian_modules.ensure_module; default: the VM lab's
+    kernel); skips naming the missing tool, or the apt error when the packages cannot be fetched."""
+    import time
+
+    from orchestrator.kernel import debian_modules as build
+    from orchestrator.lab import vm_image
+
+    for tool in tools:
+        if shutil.which(tool) is None:
+            pytest.skip(f"building {name} needs {tool}")
+    started = time.monotonic()
+    try:
+        built = build.ensure_module(name, package, timeout_s=timeout_s)
+    except build.ModuleBuildError:
+        raise
+    except vm_image.ImageError as exc:  # apt could not fetch headers, sources or the kernel image
+        pytest.skip(f"cannot fetch the packages to build {name} for {package or 'the VM lab kernel'} (apt): {exc}")
+    print(f"\n{name}: {built.ko} ({built.vermagic}); make {built.build_s:.1f} s "
+          f"(0: cached), ensure_module {time.monotonic() - started:.1f} s")
+    return built
+
+
+def guest_ok(state_dir: Path, argv: list[str], timeout_s: float = 60) -> str:
+    """stdout of a command in the aqm guest, which must succeed."""
+    from orchestrator.lab import vm
+
+    r = vm.guest_exec(argv, state_dir, timeout_s=timeout_s)
+    assert r.returncode == 0, f"{argv}: rc {r.returncode}: {r.stderr.strip()} {r.stdout.strip()}"
+    return r.stdout
+
+
+def guest_bottleneck(state_dir: Path, ko: Path, module: str, chain: list[str]) -> None:
+    """insmod `ko` in the aqm guest from its host path (checked in /proc/modules), gro/gso/tso off on the aqm's
+    data interfaces (one qdisc packet = one wire packet), then the tc `chain` on to-client."""
+    guest_ok(state_dir, ["insmod", str(ko)])
+    assert module in guest_ok(state_dir, ["cat", "/proc/modules"])
+    for dev in ("to-client", "to-server"):
+        guest_ok(state_dir, ["ethtool", "-K", dev, "gro", "off", "gso", "off", "tso", "off"])
+    guest_ok(state_dir, ["sh", "-c", " && ".join(chain)])
+
+
+def guest_fetch(state_dir: Path, guest_path: str, dest: Path) -> Path:
+    """A guest file copied to `dest` over the exec port (base64)."""
+    import base64
+
+    dest.write_bytes(base64.b64decode(guest_ok(state_dir, ["base64", guest_path], timeout_s=120)))
+    return dest
 
 
 def tcplab_run(plan: Path, inventory: Path, results: Path, db_url: str | None, force: bool = False,

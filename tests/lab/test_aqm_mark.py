@@ -14,9 +14,7 @@ goes down.
 """
 from __future__ import annotations
 
-import base64
 import json
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -26,9 +24,17 @@ import pytest
 
 from orchestrator.ingest import qdelay
 from orchestrator.ingest.pcap import read_pcap
-from orchestrator.lab import vm, vm_host
+from orchestrator.lab import vm_host
 from schemas.qdiscs import mark_netlink as mn
-from tests.lab.conftest import TEST_PREFIX, vm_lab_up, vm_unavailable
+from tests.lab.conftest import (
+    TEST_PREFIX,
+    build_guest_module,
+    guest_bottleneck,
+    guest_fetch,
+    guest_ok,
+    vm_lab_up,
+    vm_unavailable,
+)
 
 PREFIX = f"{TEST_PREFIX}am"[:12]
 PORT = 5399
@@ -47,61 +53,26 @@ CHAIN = ["tc qdisc replace dev to-client root handle 1: netem delay 10ms limit 1
          "tc class add dev to-client parent 2: classid 2:1 htb rate 20mbit ceil 20mbit burst 2500 cburst 2500"]
 
 
-def build_module():
-    """The .ko for the VM lab's guest kernel; skips when this machine cannot build it."""
-    from orchestrator.kernel import debian_modules as build
-    from orchestrator.lab import vm_image
-
-    for tool in ("make", "gcc-12", "modinfo", "dpkg-deb", "apt-get"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"building sch_aqm_mark needs {tool}")
-    started = time.monotonic()
-    try:
-        built = build.ensure_module("sch_aqm_mark", timeout_s=300)
-    except build.ModuleBuildError:
-        raise
-    except vm_image.ImageError as exc:  # apt could not fetch headers or the kernel image
-        pytest.skip(f"cannot fetch the guest kernel's headers (apt): {exc}")
-    print(f"\nsch_aqm_mark: {built.ko} ({built.vermagic}); make {built.build_s:.1f} s "
-          f"(0: cached), ensure_module {time.monotonic() - started:.1f} s")
-    return built
-
-
 @pytest.fixture(scope="module")
 def marked_lab(tmp_path_factory):
     if reason := vm_unavailable():  # before building: the build writes to the root-owned cache
         pytest.skip(reason)
-    built = build_module()
+    built = build_guest_module("sch_aqm_mark", None, ("make", "gcc-12", "modinfo", "dpkg-deb", "apt-get"), 300)
     for inv, state_dir in vm_lab_up(tmp_path_factory, PREFIX, ("aqm",), timeout_s=200):
         yield built, inv, state_dir
 
 
-def _guest(state_dir: Path, argv: list[str], timeout_s: float = 60) -> str:
-    r = vm.guest_exec(argv, state_dir, timeout_s=timeout_s)
-    assert r.returncode == 0, f"{argv}: rc {r.returncode}: {r.stderr.strip()}"
-    return r.stdout
-
-
 def _mark_nl(state_dir: Path, *args: str) -> list[dict]:
     python, _ = vm_host.guest_interpreter()
-    out = _guest(state_dir, ["sh", "-c", f"cd {vm_host.REPO_ROOT} && exec {python} -m orchestrator.kernel.mark_nl "
+    out = guest_ok(state_dir, ["sh", "-c", f"cd {vm_host.REPO_ROOT} && exec {python} -m orchestrator.kernel.mark_nl "
                              + " ".join(args)], timeout_s=120)
     return json.loads(out)
-
-
-def _fetch_pcap(state_dir: Path, guest_path: str, dest: Path) -> Path:
-    dest.write_bytes(base64.b64decode(_guest(state_dir, ["base64", guest_path], timeout_s=90)))
-    return dest
 
 
 def test_aqm_mark_marks_only_packets_that_waited_past_the_threshold(marked_lab, tmp_path):
     built, inv, state_dir = marked_lab
     t0 = time.monotonic()
-    _guest(state_dir, ["insmod", str(built.ko)])
-    assert "aqm_mark" in _guest(state_dir, ["cat", "/proc/modules"])
-    for dev in ("to-client", "to-server"):  # one qdisc packet = one wire packet
-        _guest(state_dir, ["ethtool", "-K", dev, "gro", "off", "gso", "off", "tso", "off"])
-    _guest(state_dir, ["sh", "-c", " && ".join(CHAIN)])
+    guest_bottleneck(state_dir, built.ko, "aqm_mark", CHAIN)
     shown = _mark_nl(state_dir, "add", "--dev", "to-client", "--parent", "2:1", "--handle", "3:", "--mode", "step",
                      "--metric", "sojourn", "--min-ns", str(THRESHOLD_NS), "--limit", "1000")
     assert len(shown) == 1 and shown[0]["handle"] == "3:" and shown[0]["parent"] == "2:1"
@@ -114,7 +85,7 @@ def test_aqm_mark_marks_only_packets_that_waited_past_the_threshold(marked_lab, 
     client_addr = inv["hosts"]["client"]["interfaces"]["to-aqm"]["addr"]
     for ns in (client_ns, server_ns):
         subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.tcp_ecn=1"], check=True)
-    pids = _guest(state_dir, ["sh", "-c", " ; ".join(
+    pids = guest_ok(state_dir, ["sh", "-c", " ; ".join(
         f"tcpdump -n -i {dev} -s 128 -w /tmp/aqm-{dev}.pcap tcp port {PORT} >/tmp/aqm-{dev}.log 2>&1 & echo $!"
         for dev in ("to-server", "to-client"))]).split()
     time.sleep(2)  # tcpdump under TCG takes a moment to attach
@@ -131,7 +102,7 @@ def test_aqm_mark_marks_only_packets_that_waited_past_the_threshold(marked_lab, 
             receiver.kill()
             receiver.wait()
     time.sleep(1)
-    _guest(state_dir, ["kill", "-INT", *pids])
+    guest_ok(state_dir, ["kill", "-INT", *pids])
     time.sleep(1.5)
     result = json.loads(run.stdout)
     assert "error" not in result, result.get("error")
@@ -143,8 +114,8 @@ def test_aqm_mark_marks_only_packets_that_waited_past_the_threshold(marked_lab, 
     assert after["options"] == RAMP, after
     xstats = after["xstats"]
 
-    ingress = read_pcap(_fetch_pcap(state_dir, "/tmp/aqm-to-server.pcap", tmp_path / "in.pcap"), point=0)
-    egress = read_pcap(_fetch_pcap(state_dir, "/tmp/aqm-to-client.pcap", tmp_path / "out.pcap"), point=1)
+    ingress = read_pcap(guest_fetch(state_dir, "/tmp/aqm-to-server.pcap", tmp_path / "in.pcap"), point=0)
+    egress = read_pcap(guest_fetch(state_dir, "/tmp/aqm-to-client.pcap", tmp_path / "out.pcap"), point=1)
     data_in = ingress[(ingress["dst_port"] == PORT) & (ingress["payload_len"] > 0)]
     data_out = egress[(egress["dst_port"] == PORT) & (egress["payload_len"] > 0)]
     res = qdelay.pair(data_in, data_out, d_fwd_ns=0, netem_ns=NETEM_NS)
