@@ -13,8 +13,12 @@ from pyroute2 import IPRoute
 from agents.host import ethtool, neighbours
 from agents.host.argv import readback_argv, tc_handle
 from agents.host.tunables import congestion_controls, module_param_path, read_module_param, read_sysctl, sysctl_path
-from schemas import procs
+from schemas import procs, rawqdisc
 from schemas.protocol import InterfaceReadback, Readback
+from schemas.qdiscs import KINDS
+
+# TCA_KIND of the kinds stock tc cannot print: read back over netlink
+RAW_KINDS = frozenset(k.tc_kind for k in KINDS.values() if k.netlink is not None)
 
 
 def read_driver(dev: str) -> str:
@@ -66,6 +70,7 @@ def read_interface(dev: str) -> InterfaceReadback:
         driver=read_driver(dev),
         coalesce=coalesce, pause=pause, unsupported=unsupported,
         neighbours=read_neighbours(dev),
+        raw_qdiscs=rawqdisc.dump(dev, RAW_KINDS) if any(q.get("kind") in RAW_KINDS for q in qdiscs) else [],
     )
 
 
