@@ -61,9 +61,12 @@ VM_PROCESSES = ("qemu-", "virtiofsd-")  # supervisor children of a guest, named 
 
 
 def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, kernel: str | None = None,
-       timeout_s: float = 180.0, vm_roles: tuple[str, ...] = ("aqm",), graph: Graph | None = None) -> dict:
+       timeout_s: float = 180.0, vm_roles: tuple[str, ...] = ("aqm",), graph: Graph | None = None,
+       modules: tuple[str, ...] = ()) -> dict:
     """The lab of `graph` (default: the quickstart's chain) with `vm_roles` as guests, the rest namespaces.
-    `kernel`: a Debian kernel image package, or the path of a linux-image .deb (a tcplab build)."""
+    `kernel`: a Debian kernel image package, or the path of a linux-image .deb (a tcplab build).
+    `modules`: modules of experiments/modules/ to build for the guest kernel (cached) and give every guest's
+    agent as a --module-dir (it insmods them when a plan needs them)."""
     topo = netns_topology(prefix) if graph is None else lab_topology(graph, prefix)
     vm_roles = check_vm_roles(topo, vm_roles)
     deb = Path(kernel) if kernel and kernel.endswith(".deb") else None   # a `tcplab kernel build` package
@@ -83,6 +86,10 @@ def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, kernel: str | None
     if missing := missing_tools():
         raise LabError("the VM lab needs " + ", ".join(missing) + ": run `make vm-deps`")
     image = vm_image.ensure_image(None if deb else kernel, deb=deb)
+    if modules and deb:
+        raise LabError("--module builds against a Debian kernel package's headers, not a `tcplab kernel build`")
+    from orchestrator.kernel import debian_modules  # the module build's own imports only when asked
+    built = [debian_modules.ensure_module(m, image.package) for m in modules]
     accel = choose_accel(image)
     ns_roles = tuple(r for r in topo.roles if r not in vm_roles)
     nodes = namespace_nodes(topo, vm_roles)
@@ -115,10 +122,12 @@ def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, kernel: str | None
                                    {r: topo.namespace(r) if r in ns_roles else None for r in topo.roles})
         inv["processes"], guests = [], {}
         for role, port in ports.items():
-            gdir = _prepare_guest_dir(state_dir, role, token_file, guest_config(topo, role, port, macs))
+            gdir = _prepare_guest_dir(state_dir, role, token_file,
+                                      guest_config(topo, role, port, macs, [str(b.ko.parent) for b in built]))
             inv["processes"] += _processes(image, accel, gdir, topo.namespace(role), nics[role], fds, role, port)
             guests[role] = {"control_port": port, "console": str(gdir / "console.log")}
-        inv["vm"] = {**image.to_json(), "accel": accel, "roles": list(vm_roles), "guests": guests}
+        inv["vm"] = {**image.to_json(), "accel": accel, "roles": list(vm_roles), "guests": guests,
+                     "modules": {b.name: b.to_json() for b in built}}
         return _start(state_dir, inv, list(fds.values()), timeout_s)
     except BaseException:
         for fd in fds.values():
