@@ -8,15 +8,21 @@ exactly that. With a journal path, that baseline is kept on disk from the first 
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from agents.host import baseline, ethtool, modules, neighbours
-from agents.host.argv import ChainError, RawQdisc, chain_argv, offload_argv, readback_argv, root_delete_argv
+from agents.host.argv import ChainError, RawQdisc, chain_argv, offload_argv, root_delete_argv
 from agents.host.baseline import Baseline, InterfaceSnapshot, Snapshot
 from agents.host.errors import NotAllowed, StateError
-from agents.host.readback import read_coalesce, read_features, read_neighbours, read_pause, readback
+from agents.host.readback import (
+    read_coalesce,
+    read_features,
+    read_neighbours,
+    read_pause,
+    read_qdiscs,
+    readback,
+)
 from agents.host.tunables import (
     module_param_path,
     read_module_param,
@@ -35,7 +41,7 @@ from schemas.qdiscs import kind_of
 
 def snapshot_interface(dev: str) -> InterfaceSnapshot:
     feats = read_features(dev)
-    root = [q for q in json.loads(procs.run(readback_argv(dev)["tc_qdisc"]).stdout) if q.get("root")]
+    root = [q for q in read_qdiscs(dev) if q.get("root")]
     return InterfaceSnapshot(
         features={short: bool(feats[long]["active"]) for short, long in OFFLOAD_LONG_NAMES.items() if long in feats},
         root_kind=root[0]["kind"] if root else "noqueue",
