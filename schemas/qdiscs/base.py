@@ -176,6 +176,8 @@ class QdiscKind(Generic[StageT]):
     kernel's dump of the options, under "netlink" ({options_hex, xstats_hex}) in the read-back document"""
     kernel_kind: str | None = None
     """the kernel's name of the kind (TCA_KIND, what tc prints) when it is not the stage's"""
+    xstats: Callable[[bytes], dict] | None = None
+    """kinds whose TCA_XSTATS pyroute2 cannot decode: their decoder (the qdisc poller records the last sample)"""
     module: str | None = None
     """the module that provides the kind when the kernel cannot load it on demand (one of tcplab's own,
     experiments/modules/): the agent loads it from its module directories before the probe and the apply"""

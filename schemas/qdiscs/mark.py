@@ -53,5 +53,6 @@ MARK = QdiscKind(
     leaf_only=True,
     netlink=mark_netlink.options_for,
     kernel_kind=mark_netlink.KIND,
+    xstats=mark_netlink.decode_xstats,
     module="sch_aqm_mark",
 )

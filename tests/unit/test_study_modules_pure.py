@@ -124,3 +124,12 @@ def test_tc_json_of_a_qdisc_tc_does_not_know_parses() -> None:
     netem, mark = parse_tc_qdisc_json(text)
     assert (netem["kind"], netem["options"]["limit"]) == ("netem", 1000)
     assert (mark["kind"], mark["handle"], mark["parent"], mark["options"]) == ("aqm_mark", "2:", "1:1", {})
+
+
+def test_the_poller_decodes_aqm_mark_xstats_as_pyroute2_shows_them() -> None:
+    from schemas.qdiscs import decoded_xstats
+    shown = ":".join(f"{b:02x}" for b in bytes.fromhex("0a00000000000000" "0300000000000000" "0100000000000000"
+                                                       "0200000000000000" "40420f0000000000"))
+    assert decoded_xstats("aqm_mark", shown) == {"packets": 10, "marked": 3, "dropped": 1, "not_ect": 2,
+                                                 "drain_rate": 1_000_000}
+    assert decoded_xstats("htb", shown) is None and decoded_xstats("aqm_mark", None) is None
