@@ -103,7 +103,7 @@ def test_mark_and_dctcp_flaws_in_runs(study_lab, tmp_path):
                     "(SELECT min(ts_ns) FROM ss_sample WHERE run_key = :k) + 2000000000"), {"k": run.run_key}
                 ).scalars().all()
                 assert samples and all(a is not None for a in samples)
-                alpha[params["dctcp_shift_g"]] = samples
+                alpha[int(params["dctcp_shift_g"])] = samples   # a plan value: as YAML typed it
     print({g: f"mean {sum(a) / len(a):.4f}, max {max(a):.4f} over {len(a)}" for g, a in alpha.items()})
     assert sum(alpha[4]) / len(alpha[4]) > 0.05          # g = 1/16: the marks keep alpha up
     assert max(alpha[10]) <= 1 / 1024                    # g = 1/1024: at most one window's 1/1024
