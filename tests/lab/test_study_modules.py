@@ -1,16 +1,17 @@
 """The DCTCP-flaws study's own kernel modules in real runs (`tcplab run experiments/vm/mark.yaml`).
 
 The VM lab boots with the aqm and the server as guests and both modules built for the guest kernel
-(`vm.up(modules=...)`: each guest's agent gets their build directories as --module-dir). One plan, three
+(`vm.up(modules=...)`: each guest's agent gets their build directories as --module-dir). One plan, four
 runs through netem 10 ms -> htb 20 Mbit/s -> `mark` (aqm_mark, step at 2 ms of sojourn, at dequeue):
 
 - the aqm's agent loads sch_aqm_mark, applies the stage over netlink and reads it back (the run fails before
   traffic if the kernel's dump differs); from the ingested per-packet queue delay (orchestrator/ingest/qdelay:
   egress - ingress - netem - the run's minimum forwarding latency), CE is set only on packets that waited
   more than 2 ms, and marks happen;
-- the server's agent loads tcp_dctcp_flaws with the plan's dctcp_shift_g and reads it back: the stored run
-  holds the read-back, and the sender's alpha (ss -ti) follows it: with g = 1/16 it settles well above 0,
-  with g = 1/1024 upstream's decay empties it in the first window and marks cannot lift it above 1/1024.
+- the server's agent loads tcp_dctcp_flaws with the plan's dctcp_shift_g and alpha_toggle and reads them
+  back: the stored run holds the read-back, and the sender's alpha (ss -ti) follows them: with g = 1/16 it
+  settles well above 0; with g = 1/1024 upstream's decay (toggle) empties it in the first window and marks
+  cannot lift it above 1/1024; without the toggle the decay is 0 and alpha stays at its initial ~1.
 
 Needs root, QEMU, busybox-static, gcc-12 and make, and Debian's apt archive; skips naming what is missing.
 """
@@ -66,7 +67,7 @@ def test_mark_and_dctcp_flaws_in_runs(study_lab, tmp_path):
     engine = run_lab_plan(PLAN, state_dir, tmp_path)
     with engine.connect() as conn:
         runs = conn.execute(text("SELECT run_id, run_key, status, params FROM run ORDER BY run_id")).all()
-        assert len(runs) == 3 and {r.status for r in runs} == {"complete"}, runs
+        assert len(runs) == 4 and {r.status for r in runs} == {"complete"}, runs
         alpha = {}
         for run in runs:
             params = json.loads(run.params) if isinstance(run.params, str) else run.params
@@ -80,14 +81,16 @@ def test_mark_and_dctcp_flaws_in_runs(study_lab, tmp_path):
                 "on_dequeue": True, "rate_bytes_ps": 0}
             # the server: the module parameter as asked, read back from sysfs after the load
             server = protocol.Readback.model_validate(ev[("server", "apply")])
-            assert server.module_params == {"tcp_dctcp_flaws": {"dctcp_shift_g": str(params["dctcp_shift_g"])}}
+            assert server.module_params == {"tcp_dctcp_flaws": {"dctcp_shift_g": str(params["dctcp_shift_g"]),
+                                                                "alpha_toggle": str(params["alpha_toggle"])}}
             assert all(ev[(h, "reset")]["restored"] is True for h in ("client", "aqm", "server")), ev
             # the packets: CE only above the threshold, and CE happens
             rows = conn.execute(text("SELECT sojourn_ns, ce FROM qdelay WHERE run_key = :k AND dropped = 0"),
                                 {"k": run.run_key}).all()
             ce = [r.sojourn_ns for r in rows if r.ce]
             above = [r for r in rows if r.sojourn_ns > THRESHOLD_NS]
-            print(f"{params['cc']} g_shift {params['dctcp_shift_g']}: {len(rows)} packets, {len(ce)} CE, "
+            print(f"{params['cc']} g_shift {params['dctcp_shift_g']} toggle {params['alpha_toggle']}: "
+                  f"{len(rows)} packets, {len(ce)} CE, "
                   f"smallest CE sojourn {min(ce) / 1e6 if ce else None} ms, "
                   f"CE fraction above 2 ms {sum(r.ce for r in above) / max(1, len(above)):.2f} of {len(above)}")
             assert len(rows) > 1000 and len(ce) > 20
@@ -103,7 +106,8 @@ def test_mark_and_dctcp_flaws_in_runs(study_lab, tmp_path):
                     "(SELECT min(ts_ns) FROM ss_sample WHERE run_key = :k) + 2000000000"), {"k": run.run_key}
                 ).scalars().all()
                 assert samples and all(a is not None for a in samples)
-                alpha[int(params["dctcp_shift_g"])] = samples   # a plan value: as YAML typed it
+                alpha[int(params["dctcp_shift_g"]), int(params["alpha_toggle"])] = samples   # as YAML typed them
     print({g: f"mean {sum(a) / len(a):.4f}, max {max(a):.4f} over {len(a)}" for g, a in alpha.items()})
-    assert sum(alpha[4]) / len(alpha[4]) > 0.05          # g = 1/16: the marks keep alpha up
-    assert max(alpha[10]) <= 1 / 1024                    # g = 1/1024: at most one window's 1/1024
+    assert sum(alpha[4, 1]) / len(alpha[4, 1]) > 0.05     # g = 1/16: the marks keep alpha up
+    assert max(alpha[10, 1]) <= 1 / 1024                  # g = 1/1024, toggle: at most one window's 1/1024
+    assert min(alpha[10, 0]) >= 1023 / 1024               # no toggle: alpha >> 10 is 0, alpha keeps its start
