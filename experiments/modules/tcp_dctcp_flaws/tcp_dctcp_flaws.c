@@ -275,18 +275,22 @@ static u32 dctcp_flaws_cwnd_undo(struct sock *sk)
 	return max(tcp_snd_cwnd(tp), ca->loss_cwnd);
 }
 
+/* both variants of the congestion control (with the kernel's PRR or not): all but how cwnd moves */
+#define DCTCP_FLAWS_OPS						\
+	.init		= dctcp_flaws_init,			\
+	.in_ack_event	= dctcp_flaws_update_alpha,		\
+	.cwnd_event	= dctcp_flaws_cwnd_event,		\
+	.ssthresh	= dctcp_flaws_ssthresh,			\
+	.undo_cwnd	= dctcp_flaws_cwnd_undo,		\
+	.set_state	= dctcp_flaws_state,			\
+	.get_info	= dctcp_flaws_get_info,			\
+	.flags		= TCP_CONG_NEEDS_ECN,			\
+	.owner		= THIS_MODULE,				\
+	.name		= "dctcp_flaws"
+
 static struct tcp_congestion_ops dctcp_flaws __read_mostly = {
-	.init		= dctcp_flaws_init,
-	.in_ack_event	= dctcp_flaws_update_alpha,
-	.cwnd_event	= dctcp_flaws_cwnd_event,
-	.ssthresh	= dctcp_flaws_ssthresh,
+	DCTCP_FLAWS_OPS,
 	.cong_avoid	= tcp_reno_cong_avoid,
-	.undo_cwnd	= dctcp_flaws_cwnd_undo,
-	.set_state	= dctcp_flaws_state,
-	.get_info	= dctcp_flaws_get_info,
-	.flags		= TCP_CONG_NEEDS_ECN,
-	.owner		= THIS_MODULE,
-	.name		= "dctcp_flaws",
 };
 
 /* prr = 0: instead of the kernel's PRR (tcp_cwnd_reduction) while in CWR or Recovery, cwnd goes to ssthresh at
@@ -316,17 +320,8 @@ static void dctcp_flaws_cong_control(struct sock *sk, const struct rate_sample *
 }
 
 static struct tcp_congestion_ops dctcp_flaws_noprr __read_mostly = {
-	.init		= dctcp_flaws_init,
-	.in_ack_event	= dctcp_flaws_update_alpha,
-	.cwnd_event	= dctcp_flaws_cwnd_event,
-	.ssthresh	= dctcp_flaws_ssthresh,
+	DCTCP_FLAWS_OPS,
 	.cong_control	= dctcp_flaws_cong_control,
-	.undo_cwnd	= dctcp_flaws_cwnd_undo,
-	.set_state	= dctcp_flaws_state,
-	.get_info	= dctcp_flaws_get_info,
-	.flags		= TCP_CONG_NEEDS_ECN,
-	.owner		= THIS_MODULE,
-	.name		= "dctcp_flaws",
 };
 
 static struct tcp_congestion_ops dctcp_flaws_reno __read_mostly = {
