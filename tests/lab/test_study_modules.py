@@ -111,3 +111,37 @@ def test_mark_and_dctcp_flaws_in_runs(study_lab, tmp_path):
     assert sum(alpha[4, 1]) / len(alpha[4, 1]) > 0.05     # g = 1/16: the marks keep alpha up
     assert max(alpha[10, 1]) <= 1 / 1024                  # g = 1/1024, toggle: at most one window's 1/1024
     assert min(alpha[10, 0]) >= 1023 / 1024               # no toggle: alpha >> 10 is 0, alpha keeps its start
+
+
+PRR_PLAN = PLAN.parent / "prr.yaml"
+INFINITE_SSTHRESH = 0x7FFFFFFF
+
+
+def test_the_prr_switch_decides_how_cwnd_comes_down(study_lab, tmp_path):
+    """alpha held at ~1, so each CE echo halves: with prr 0 the ACK after the echo already shows cwnd at the new
+    ssthresh (the module's cong_control set it at once); with prr 1 the kernel's PRR is still on its way down
+    (cwnd above the new ssthresh, about one segment less per ACK). From tcp_probe on the sender."""
+    _, state_dir = study_lab
+    engine = run_lab_plan(PRR_PLAN, state_dir, tmp_path)
+    at_once = {}
+    with engine.connect() as conn:
+        runs = conn.execute(text("SELECT run_id, run_key, status, params FROM run")).all()
+        assert len(runs) == 2 and {r.status for r in runs} == {"complete"}, runs
+        for run in runs:
+            params = json.loads(run.params) if isinstance(run.params, str) else run.params
+            prr = int(params["prr"])
+            server = protocol.Readback.model_validate(evidence(conn, run.run_id)[("server", "apply")])
+            assert server.module_params == {"tcp_dctcp_flaws": {"dctcp_shift_g": "10", "alpha_toggle": "0",
+                                                                "prr": str(prr)}}
+            events = conn.execute(text(
+                "SELECT snd_cwnd, ssthresh FROM tcp_probe WHERE run_key = :k AND host = 'server' AND sport = "
+                "(SELECT sport FROM tcp_probe WHERE run_key = :k AND host = 'server' GROUP BY sport "
+                "ORDER BY count(*) DESC LIMIT 1) ORDER BY ts_ns"), {"k": run.run_key}).all()
+            cuts = [(cur.snd_cwnd, cur.ssthresh) for prev, cur in zip(events, events[1:], strict=False)
+                    if cur.ssthresh != prev.ssthresh and cur.ssthresh < INFINITE_SSTHRESH]
+            at_once[prr] = sum(cwnd <= ssthresh for cwnd, ssthresh in cuts) / max(1, len(cuts))
+            print(f"prr {prr}: {len(events)} ACKs, {len(cuts)} reductions, cwnd at ssthresh on the next ACK in "
+                  f"{at_once[prr]:.2f} of them; first (cwnd, ssthresh): {cuts[:6]}")
+            assert len(cuts) >= 5, cuts
+    assert at_once[0] >= 0.9
+    assert at_once[1] <= 0.5
