@@ -78,9 +78,11 @@ def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, kernel: str | None
         if kind == "vm" and status(state_dir, prefix)["healthy"]:
             inv = json.loads(inventory_path(state_dir).read_text())
             if (package not in (None, inv["vm"]["package"]) or tuple(inv["vm"]["roles"]) != vm_roles
-                    or inv.get("topology") != netns.topology_dict(topo)):
-                raise LabError(f"a vm lab with {inv['vm']['package']} and guests {', '.join(inv['vm']['roles'])} "
-                               "is up: run `tcplab lab down` first")
+                    or inv.get("topology") != netns.topology_dict(topo)
+                    or sorted(inv["vm"].get("modules", {})) != sorted(modules)):
+                raise LabError(f"a vm lab with {inv['vm']['package']}, guests {', '.join(inv['vm']['roles'])} and "
+                               f"modules {', '.join(inv['vm'].get('modules', {})) or 'none'} is up: run "
+                               "`tcplab lab down` first")
             return inv
         down(state_dir, prefix)
     if missing := missing_tools():
