@@ -37,6 +37,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--allow-module", action="append", default=[], metavar="NAME",
                    help="kernel module a plan may load and set parameters of (repeatable; "
                    f"`{allowlist.DEFAULTS}` adds the defaults; none given: the defaults of schemas/allowlist.py)")
+    p.add_argument("--module-dir", action="append", default=[], type=Path, metavar="DIR",
+                   help="directory of module files (<name>.ko) the agent may insmod for a plan (repeatable); only "
+                   "allow-listed names are loaded, anything else by modprobe")
     p.add_argument("--tls-cert", type=Path, help="PEM certificate (chain) of this agent: TLS on tcp://")
     p.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
     p.add_argument("--tls-client-ca", type=Path,
@@ -92,7 +95,8 @@ async def serve_forever(args: argparse.Namespace) -> None:
     # the capability probe blocks (tc, ethtool, netlink through pyroute2, whose sync sockets run their own
     # event loop): off this one
     agent = await asyncio.to_thread(Agent, args.name, token, args.interface, artifacts,
-                                    args.allow_sysctl, args.allow_module, binding, limits, args.new_host)
+                                    args.allow_sysctl, args.allow_module, binding, limits, args.new_host,
+                                    args.module_dir)
     stop = asyncio.get_running_loop().create_future()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, lambda: stop.done() or stop.set_result(None))

@@ -45,11 +45,13 @@ BASELINE_SYSCTLS = [
 class Agent:
     def __init__(self, name: str, token: bytes, interfaces: list[str], artifacts_root: Path,
                  allow_sysctl: list[str] | None = None, allow_module: list[str] | None = None,
-                 channel_binding: str = "", limits: PreAuthLimits | None = None, new_host: bool = False):
+                 channel_binding: str = "", limits: PreAuthLimits | None = None, new_host: bool = False,
+                 module_dirs: list[Path] | None = None):
         """`allow_sysctl`, `allow_module`: the testbed's --allow-sysctl/--allow-module values (none: the
         defaults of schemas/allowlist.py); a plan cannot widen them. `channel_binding`: sha256 of the agent's
         TLS certificate ("" without TLS); `limits`: what a peer may hold before hello. `new_host`: the host was
-        just created, so a reset baseline left by a crashed agent of an earlier host of this name is dropped."""
+        just created, so a reset baseline left by a crashed agent of an earlier host of this name is dropped.
+        `module_dirs`: the testbed's --module-dir values (module files this agent may insmod)."""
         self.name, self.token = name, token
         self.interfaces = list(interfaces)
         self.artifacts_root = artifacts_root
@@ -57,8 +59,8 @@ class Agent:
             self.interfaces,
             sysctl_prefixes=allowlist.expand_prefixes(allowlist.sysctl_prefixes(allow_sysctl or []), interfaces),
             modules=list(allowlist.modules(allow_module or [])),
-            journal=artifacts_root / baseline.JOURNAL_NAME)
-        self.capabilities = probe(self.interfaces, self.host.sysctl_prefixes, self.host.modules)
+            journal=artifacts_root / baseline.JOURNAL_NAME, module_dirs=module_dirs)
+        self.capabilities = probe(self.interfaces, self.host.sysctl_prefixes, self.host.modules, module_dirs)
         self.host.snapshot_now(BASELINE_SYSCTLS)
         if new_host:
             baseline.clear(self.host.journal)

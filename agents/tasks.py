@@ -19,6 +19,7 @@ from agents.children import spawn
 from agents.host.argv import tc_handle
 from agents.host.capabilities import tracefs_root
 from schemas import procs, protocol
+from schemas.qdiscs import decoded_xstats
 
 
 async def sleep_until(t_ns: int) -> None:
@@ -263,12 +264,15 @@ class QdiscStats(TaskRunner):
 
         interval = self.spec.interval_ms * 1_000_000
         lines = [QDISC_CSV_HEADER]
+        xstats: dict[str, dict] = {}
         with IPRoute() as ipr:
             idx = ipr.link_lookup(ifname=self.spec.interface)[0]
             nxt = time.time_ns()
             while nxt < self.spec.stop_ns:
                 ts = time.time_ns()
                 for q in ipr.get_qdiscs(index=idx):
+                    if (x := decoded_xstats(q.get_attr("TCA_KIND"), q.get_attr("TCA_XSTATS"))) is not None:
+                        xstats[tc_handle(q["handle"])] = x
                     st = q.get_attr("TCA_STATS2")
                     basic, queue = st.get_attr("TCA_STATS_BASIC"), st.get_attr("TCA_STATS_QUEUE")
                     parent = "root" if q["parent"] == 0xFFFFFFFF else tc_handle(q["parent"])
@@ -280,6 +284,8 @@ class QdiscStats(TaskRunner):
                 time.sleep(max(0.0, (nxt - time.time_ns()) / 1e9))
         (self.run_dir / self.out_name).write_text("".join(lines))
         self.meta["samples"] = len(lines) - 1
+        if xstats:   # tcplab's own kinds: their counters as of the last sample (aqm_mark: marked, not_ect, ...)
+            self.meta["xstats"] = xstats
 
     async def execute(self) -> None:
         await asyncio.to_thread(self._poll)

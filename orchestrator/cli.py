@@ -26,10 +26,9 @@ def cmd_lab(args: argparse.Namespace) -> int:
         console.print(f"[red]unexpected arguments for lab {args.action}: {' '.join(args.command)}[/red]")
         return 2
     if args.action != "up" and (args.kernel or args.vm_roles or args.profile or args.plan or args.kernel_build
-                                or args.disk):
-        console.print("[red]--plan, --profile, --kernel, --kernel-build, --vm-roles and --disk are for lab up, "
-                      "not lab "
-                      f"{args.action}[/red]")
+                                or args.disk or args.module):
+        console.print("[red]--plan, --profile, --kernel, --kernel-build, --vm-roles, --module and --disk are for "
+                      f"lab up, not lab {args.action}[/red]")
         return 2
     kind = vm.lab_kind()
     try:
@@ -50,7 +49,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
                 kernel = req.kernel
                 if kernel and not kernel.endswith(".deb"):    # a package, or a pattern (`*`: newest ABI)
                     kernel = vm_image.resolve_package(kernel)
-                inv = vm.up(kernel=kernel, vm_roles=req.vm_roles, graph=req.graph)
+                inv = vm.up(kernel=kernel, vm_roles=req.vm_roles, graph=req.graph, modules=tuple(args.module))
                 v = inv["vm"]
                 console.print(f"lab up (vm): {', '.join(inv['hosts'])}; guests {', '.join(v['roles'])} run "
                               f"{v['package']} ({v['release']}, {v['accel']}, {v['share']}), agents ready "
@@ -277,6 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "e.g. aqm,server, or all (the senders then run the guest kernel: dctcp, ...)")
     lab.add_argument("--disk", action="store_true", help="vm lab: the guests are real hosts booting their own "
                      "Debian disk (sshd, python3), provisioned by `tcplab provision` (docs/vm-lab.md#disk-guests)")
+    lab.add_argument("--module", action="append", default=[], metavar="NAME",
+                     help="vm: build experiments/modules/NAME for the guest kernel and let the guests' agents load "
+                     "it (repeatable; e.g. sch_aqm_mark for a plan's `mark` stage, tcp_dctcp_flaws)")
     lab.add_argument("command", nargs="*", help="exec: ROLE -- CMD [ARG...]")
     lab.set_defaults(func=cmd_lab)
 

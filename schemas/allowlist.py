@@ -43,6 +43,8 @@ DEFAULT_MODULES: tuple[str, ...] = (
     # the qdiscs a chain can hold (schemas/qdiscs)
     "sch_cake", "sch_codel", "sch_dualpi2", "sch_fq", "sch_fq_codel", "sch_fq_pie", "sch_htb", "sch_netem",
     "sch_pie", "sch_red", "sch_tbf",
+    # the qdiscs the studies build (experiments/modules: the DCTCP-flaws marker)
+    "sch_aqm_mark",
 )
 
 # what a plan itself may name: the network stack only. A testbed may still widen its agents beyond `net.`, but

@@ -56,3 +56,9 @@ class HostState(_Strict):
         default_factory=dict, description="module -> parameter -> value (/sys/module/M/parameters/P)")
     interfaces: dict[InterfaceName, InterfaceState] = Field(default_factory=dict)
     flush_tcp_metrics: bool = True
+
+
+def norm_module_param(value: str) -> str:
+    """Boolean module parameters read back as Y/N whatever was written (1, y, true): compare as 1/0."""
+    v = str(value).strip()
+    return {"y": "1", "true": "1", "n": "0", "false": "0"}.get(v.lower(), v)

@@ -193,6 +193,10 @@ class Capabilities(_Msg):
         description="sysctl prefixes this agent writes (schemas/allowlist.py; `{interface}` already expanded)")
     allowed_modules: list[str] = Field(default_factory=lambda: list(DEFAULT_MODULES),
                                        description="kernel modules this agent loads and sets parameters of")
+    loadable_modules: list[str] = Field(
+        default_factory=list, description="allow-listed modules this agent has a file of in its module directories "
+        "(--module-dir): it insmods them for a plan, e.g. a congestion control `tcp_X` (CC `X`) that "
+        "`module_params` loads")
 
 
 class HelloResult(_Msg):
@@ -217,6 +221,9 @@ class InterfaceReadback(_Msg):
     unsupported: dict[str, str] = Field(default_factory=dict,
                                         description="ethtool operation -> the driver's refusal (e.g. coalesce)")
     neighbours: list[dict[str, Any]] = Field(default_factory=list, description="literal `ip -j neigh show dev IF`")
+    raw_qdiscs: list[dict[str, str]] = Field(
+        default_factory=list, description="qdiscs tc cannot print (kinds of tcplab's own modules, e.g. aqm_mark) "
+        "from a netlink dump: handle, parent, kind, options_hex and xstats_hex (the kernel's bytes)")
 
 
 class Readback(_Msg):

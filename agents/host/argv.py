@@ -6,17 +6,30 @@ tc parameters, and whether it is a leaf, come from its kind in `schemas/qdiscs/`
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from schemas.nic import OFFLOAD_LONG_NAMES
 from schemas.qdiscs import QdiscStage, kind_of
+from schemas.rawqdisc import handle_text
 
 
 class ChainError(ValueError):
     pass
 
 
-def tc_handle(h: int) -> str:
-    """A netlink 32-bit handle as tc prints it: "1:" for a qdisc (minor 0), "1:1" for a class."""
-    return f"{h >> 16:x}:" if h & 0xFFFF == 0 else f"{h >> 16:x}:{h & 0xFFFF:x}"
+tc_handle = handle_text   # a netlink 32-bit handle as tc prints it: "1:", "1:1", "root"
+
+
+@dataclass(frozen=True)
+class RawQdisc:
+    """A qdisc stock tc cannot configure (a kind of tcplab's own modules): an RTM_NEWQDISC with these raw
+    TCA_OPTIONS bytes (schemas/rawqdisc.configure)."""
+
+    dev: str
+    parent: str
+    handle: str
+    kind: str
+    options: bytes
 
 
 def stage_params(stage: QdiscStage) -> list[str]:
@@ -27,14 +40,19 @@ def stage_params(stage: QdiscStage) -> list[str]:
     return kind.params(stage)
 
 
-def chain_argv(dev: str, stages: list[QdiscStage]) -> list[list[str]]:
-    """Commands that build `stages` on `dev`, assuming its root was reset to the default first."""
+def chain_argv(dev: str, stages: list[QdiscStage]) -> list[list[str] | RawQdisc]:
+    """Commands that build `stages` on `dev`, assuming its root was reset to the default first: tc argv, or a
+    RawQdisc for a kind tc cannot configure."""
     for i, stage in enumerate(stages[:-1]):
         if kind_of(stage).leaf_only:
             raise ChainError(f"stage {i} ({stage.kind}) cannot have a child qdisc; put it last")
-    cmds: list[list[str]] = []
+    cmds: list[list[str] | RawQdisc] = []
     for i, stage in enumerate(stages):
         where = ["root"] if i == 0 else ["parent", f"{i}:1"]
+        kind = kind_of(stage)
+        if kind.netlink is not None:
+            cmds.append(RawQdisc(dev, where[-1], f"{i + 1}:", kind.tc_kind, kind.netlink(stage)))
+            continue
         cmds.append(["tc", "qdisc", "add", "dev", dev, *where, "handle", f"{i + 1}:", *stage_params(stage)])
         class_params = kind_of(stage).class_params
         if class_params is not None:

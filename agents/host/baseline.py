@@ -49,6 +49,7 @@ class Baseline:
     snapshot: Snapshot
     touched_sysctls: set[str] = field(default_factory=set)
     touched_params: set[tuple[str, str]] = field(default_factory=set)
+    loaded_modules: list[str] = field(default_factory=list)    # loaded by apply: reset unloads them
 
 
 class BadJournal(ValueError):
@@ -64,6 +65,7 @@ def to_json(b: Baseline) -> str:
         "interfaces": {dev: asdict(i) for dev, i in snap.interfaces.items()},
         "touched_sysctls": sorted(b.touched_sysctls),
         "touched_params": sorted([m, p] for m, p in b.touched_params),
+        "loaded_modules": list(b.loaded_modules),
     }, indent=1)
 
 
@@ -78,7 +80,8 @@ def from_json(text: str) -> Baseline:
             interfaces={str(dev): InterfaceSnapshot(**i) for dev, i in doc["interfaces"].items()})
         return Baseline(boot_id=str(doc["boot_id"]), snapshot=snap,
                         touched_sysctls={str(n) for n in doc["touched_sysctls"]},
-                        touched_params={(str(m), str(p)) for m, p in doc["touched_params"]})
+                        touched_params={(str(m), str(p)) for m, p in doc["touched_params"]},
+                        loaded_modules=[str(m) for m in doc.get("loaded_modules", [])])
     except BadJournal:
         raise
     except (ValueError, KeyError, TypeError, AttributeError) as exc:

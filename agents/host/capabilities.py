@@ -14,6 +14,7 @@ from pathlib import Path
 from pyroute2 import DiagSocket
 from pyroute2.netlink.exceptions import NetlinkError
 
+from agents.host import modules as kmod
 from agents.host.readback import read_coalesce, read_driver, read_features, read_pause
 from agents.host.tunables import congestion_controls
 from schemas import procs
@@ -50,9 +51,19 @@ def tracefs_root() -> Path | None:
     return None
 
 
-def probe_qdiscs() -> list[str]:
+def own_module_loads(module_dirs: list[Path], allowed: list[str]) -> list[str]:
+    """Modules of the registry's own kinds (sch_aqm_mark) this agent would load for the probe: allow-listed,
+    not loaded, and with a file in its module directories. Without one the kind is not probed into the list."""
+    wanted = {k.module for k in KINDS.values() if k.module is not None}
+    return sorted(m for m in wanted if m in kmod.loadable(module_dirs, allowed) and not kmod.is_loaded(m))
+
+
+def probe_qdiscs(module_dirs: list[Path] | None = None, allowed: list[str] | None = None) -> list[str]:
+    """Kinds the kernel accepts as a root qdisc; the modules of tcplab's own kinds are loaded for it from the
+    module directories (which proves that they load on this kernel: vermagic, symbols) and unloaded after."""
     suffix = secrets.token_hex(3)
     dev, peer = f"tlp{suffix}a", f"tlp{suffix}b"
+    loaded = [m for m in own_module_loads(module_dirs or [], allowed or []) if _try_load(m, module_dirs or [])]
     procs.run(["ip", "link", "add", dev, "type", "veth", "peer", "name", peer])
     try:
         ok = []
@@ -66,6 +77,15 @@ def probe_qdiscs() -> list[str]:
         return sorted(ok)
     finally:
         procs.run(["ip", "link", "del", dev], check=False)
+        for m in loaded:
+            kmod.unload(m)
+
+
+def _try_load(module: str, module_dirs: list[Path]) -> bool:
+    try:
+        return kmod.load(module, {}, module_dirs)
+    except Exception:   # noqa: BLE001 - a module that does not load here is a capability the host lacks
+        return False
 
 
 def _first_line(argv: list[str]) -> str:
@@ -107,7 +127,8 @@ def installed_build(release: str, records: Path = KERNEL_RECORDS) -> KernelBuild
     return found if found.release == release else None
 
 
-def probe(interfaces: list[str], sysctl_prefixes: list[str], modules: list[str]) -> Capabilities:
+def probe(interfaces: list[str], sysctl_prefixes: list[str], modules: list[str],
+          module_dirs: list[Path] | None = None) -> Capabilities:
     """What the host can do, and what this agent may be asked to write (its allow-lists, reported as given)."""
     root = tracefs_root()
     tracepoints = []
@@ -123,7 +144,7 @@ def probe(interfaces: list[str], sysctl_prefixes: list[str], modules: list[str])
     return Capabilities(
         kernel_release=os.uname().release,
         kernel_build=installed_build(os.uname().release),
-        qdiscs=probe_qdiscs(),
+        qdiscs=probe_qdiscs(module_dirs, modules),
         congestion_controls=ccs["available"],
         allowed_congestion_controls=ccs["allowed"],
         offload_features=features,
@@ -136,4 +157,5 @@ def probe(interfaces: list[str], sysctl_prefixes: list[str], modules: list[str])
         boot_id=Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
         allowed_sysctl_prefixes=list(sysctl_prefixes),
         allowed_modules=list(modules),
+        loadable_modules=kmod.loadable(module_dirs or [], modules),
     )

@@ -8,17 +8,22 @@ exactly that. With a journal path, that baseline is kept on disk from the first 
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
-from agents.host import baseline, ethtool, neighbours
-from agents.host.argv import ChainError, chain_argv, offload_argv, readback_argv, root_delete_argv
+from agents.host import baseline, ethtool, modules, neighbours
+from agents.host.argv import ChainError, RawQdisc, chain_argv, offload_argv, root_delete_argv
 from agents.host.baseline import Baseline, InterfaceSnapshot, Snapshot
 from agents.host.errors import NotAllowed, StateError
-from agents.host.readback import read_coalesce, read_features, read_neighbours, read_pause, readback
+from agents.host.readback import (
+    read_coalesce,
+    read_features,
+    read_neighbours,
+    read_pause,
+    read_qdiscs,
+    readback,
+)
 from agents.host.tunables import (
-    ensure_module,
     module_param_path,
     read_module_param,
     read_sysctl,
@@ -26,16 +31,17 @@ from agents.host.tunables import (
     write_module_param,
     write_sysctl,
 )
-from schemas import allowlist, procs
-from schemas.hoststate import HostState, InterfaceState
+from schemas import allowlist, procs, rawqdisc
+from schemas.hoststate import HostState, InterfaceState, norm_module_param
 from schemas.neighbours import permanent_neighbours
 from schemas.nic import OFFLOAD_LONG_NAMES
 from schemas.protocol import Readback
+from schemas.qdiscs import kind_of
 
 
 def snapshot_interface(dev: str) -> InterfaceSnapshot:
     feats = read_features(dev)
-    root = [q for q in json.loads(procs.run(readback_argv(dev)["tc_qdisc"]).stdout) if q.get("root")]
+    root = [q for q in read_qdiscs(dev) if q.get("root")]
     return InterfaceSnapshot(
         features={short: bool(feats[long]["active"]) for short, long in OFFLOAD_LONG_NAMES.items() if long in feats},
         root_kind=root[0]["kind"] if root else "noqueue",
@@ -66,12 +72,21 @@ def snapshot_differences(want: Snapshot, got: Snapshot) -> list[str]:
     return diffs
 
 
+def qdisc_modules(ifstate: InterfaceState) -> list[str]:
+    """The modules of the chain's kinds that the kernel cannot load on demand (tcplab's own)."""
+    return list(dict.fromkeys(m for stage in ifstate.qdiscs if (m := kind_of(stage).module) is not None))
+
+
 class HostStateExecutor:
     """`sysctl_prefixes` and `modules` are the testbed's allow-lists (`{interface}` already expanded)."""
 
     def __init__(self, interfaces: list[str], sysctl_prefixes: list[str] | None = None,
-                 modules: list[str] | None = None, journal: Path | None = None):
+                 modules: list[str] | None = None, journal: Path | None = None,
+                 module_dirs: list[Path] | None = None):
+        """`module_dirs`: where the testbed put module files (`<name>.ko`) this agent insmods (--module-dir)."""
         self.interfaces = list(interfaces)
+        self.module_dirs = list(module_dirs or [])
+        self.loaded_modules: list[str] = []   # loaded by apply, unloaded (last first) by reset
         self.journal = journal
         self.sysctl_prefixes = list(sysctl_prefixes if sysctl_prefixes is not None else
                                     allowlist.expand_prefixes(allowlist.DEFAULT_SYSCTL_PREFIXES, interfaces))
@@ -97,13 +112,14 @@ class HostStateExecutor:
             return False
         self.snapshot = found.snapshot
         self.touched_sysctls, self.touched_params = set(found.touched_sysctls), set(found.touched_params)
+        self.loaded_modules = list(found.loaded_modules)
         return True
 
     def _persist(self) -> None:
         """Write the baseline (and what apply has touched) before the write that needs it restored."""
         if self.journal is not None:
             baseline.save(self.journal, Baseline(baseline.current_boot_id(), self.snapshot,
-                                                 self.touched_sysctls, self.touched_params))
+                                                 self.touched_sysctls, self.touched_params, self.loaded_modules))
 
     def check_allowed(self, state: HostState) -> None:
         """Refuse (NotAllowed) what the allow-lists do not cover, then (StateError) sysctls this kernel lacks and
@@ -127,6 +143,10 @@ class HostStateExecutor:
                 chain_argv(dev, list(ifstate.qdiscs))   # pure: a leaf with a child, a kind without a builder
             except ChainError as exc:
                 raise StateError(str(exc), field=f"state.interfaces.{dev}.qdiscs") from exc
+            for module in qdisc_modules(ifstate):
+                if not allowlist.module_allowed(module, self.modules):
+                    raise NotAllowed(allowlist.module_refusal(module, self.modules),
+                                     field=f"state.interfaces.{dev}.qdiscs")
 
     def apply(self, state: HostState) -> Readback:
         self.check_allowed(state)
@@ -152,9 +172,25 @@ class HostStateExecutor:
         return readback(self.interfaces, sorted(set(state.sysctls) | self.touched_sysctls),
                         {m: sorted(p) for m, p in state.module_params.items()})
 
+    def _load(self, module: str, params: dict[str, str]) -> bool:
+        """Load `module` with `params` (load-time values) unless it is loaded; the journal records it first, so
+        a restarted agent still unloads it. True when this call loaded it."""
+        if modules.is_loaded(module):
+            return False
+        self.loaded_modules.append(module)
+        self._persist()
+        try:
+            modules.load(module, params, self.module_dirs)
+        except StateError:
+            self.loaded_modules.remove(module)
+            self._persist()
+            raise
+        return True
+
     def _apply_module_params(self, params: dict[str, dict[str, str]]) -> None:
         for module, values in params.items():
-            ensure_module(module)
+            if self._load(module, values):
+                continue   # the values went in with the load: nothing to snapshot, reset unloads it
             for param, value in values.items():
                 key = (module, param)
                 known = key in self.snapshot.module_params and key in self.touched_params
@@ -163,6 +199,9 @@ class HostStateExecutor:
                 self.touched_params.add(key)
                 if not known:
                     self._persist()
+                path = module_param_path(module, param)
+                if path.exists() and norm_module_param(read_module_param(module, param)) == norm_module_param(value):
+                    continue   # already so (and maybe read-only at runtime, like a load-time parameter)
                 write_module_param(module, param, value)   # names the module and parameter if missing
 
     def _apply_interface(self, dev: str, ifstate: InterfaceState) -> None:
@@ -172,11 +211,19 @@ class HostStateExecutor:
         for addr, lladdr in ifstate.neighbours.items():
             self._run(neighbours.replace_argv(dev, addr, lladdr), f"state.interfaces.{dev}.neighbours.{addr}")
         self._reset_root(dev)
-        for argv in chain_argv(dev, list(ifstate.qdiscs)):
+        for module in qdisc_modules(ifstate):
+            self._load(module, {})
+        for step in chain_argv(dev, list(ifstate.qdiscs)):
             try:
-                procs.run(argv)
+                if isinstance(step, RawQdisc):
+                    rawqdisc.configure(step.dev, step.parent, step.handle, step.kind, step.options)
+                else:
+                    procs.run(step)
             except procs.CommandFailed as exc:
                 raise StateError(str(exc), field=f"state.interfaces.{dev}.qdiscs") from exc
+            except (OSError, ValueError) as exc:   # pyroute2's NetlinkError is an OSError: the kernel's errno
+                raise StateError(f"{dev}: {step.kind} qdisc {step.handle} refused by the kernel: {exc}",
+                                 field=f"state.interfaces.{dev}.qdiscs") from exc
 
     def _apply_offloads(self, dev: str, wanted: dict[str, bool]) -> None:
         feats = read_features(dev)
@@ -247,13 +294,16 @@ class HostStateExecutor:
                 write_module_param(module, param, self.snapshot.module_params[(module, param)])
         for dev in self.interfaces:
             self._reset_interface(dev, self.snapshot.interfaces.get(dev) or InterfaceSnapshot())
+        left = [why for m in reversed(self.loaded_modules) if (why := modules.unload(m)) is not None]
         after = take_snapshot(self.interfaces, sorted(self.snapshot.sysctls))
-        after.module_params = {k: read_module_param(*k) for k in self.snapshot.module_params}
+        after.module_params = {k: read_module_param(*k) for k in self.snapshot.module_params
+                               if module_param_path(*k).exists()}
         self.touched_sysctls.clear()
         self.touched_params.clear()
+        self.loaded_modules.clear()
         if self.journal is not None:
             baseline.clear(self.journal)   # what could be restored was; differences go to the manager (G-RESET)
-        return snapshot_differences(self.snapshot, after)
+        return snapshot_differences(self.snapshot, after) + left
 
     def _reset_interface(self, dev: str, snap: InterfaceSnapshot) -> None:
         self._reset_root(dev)

@@ -7,14 +7,34 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 from pyroute2 import IPRoute
 
 from agents.host import ethtool, neighbours
 from agents.host.argv import readback_argv, tc_handle
 from agents.host.tunables import congestion_controls, module_param_path, read_module_param, read_sysctl, sysctl_path
-from schemas import procs
+from schemas import procs, rawqdisc
 from schemas.protocol import InterfaceReadback, Readback
+from schemas.qdiscs import KINDS
+
+# TCA_KIND of the kinds stock tc cannot print: read back over netlink
+RAW_KINDS = frozenset(k.tc_kind for k in KINDS.values() if k.netlink is not None)
+
+
+# iproute2 6.1 prints the options of a kind it has no module for as text even with -j, which breaks the JSON:
+# `"options":{[Unknown qdisc, optlen=68] }` (tests/fixtures/tc/netem_aqm_mark.json). Their bytes are read over
+# netlink instead (`raw_qdiscs`), so the text goes, leaving `"options":{}`.
+_UNKNOWN_QDISC = re.compile(r"\[Unknown qdisc, optlen=\d+\] ?")
+
+
+def parse_tc_qdisc_json(text: str) -> list[dict]:
+    """`tc -s -d -j qdisc show` output as a list, tolerant of tc's text for qdisc kinds it does not know."""
+    return json.loads(_UNKNOWN_QDISC.sub("", text) or "[]")
+
+
+def read_qdiscs(dev: str) -> list[dict]:
+    return parse_tc_qdisc_json(procs.run(readback_argv(dev)["tc_qdisc"]).stdout)
 
 
 def read_driver(dev: str) -> str:
@@ -54,7 +74,7 @@ def read_features(dev: str) -> dict[str, dict]:
 
 def read_interface(dev: str) -> InterfaceReadback:
     argv = readback_argv(dev)
-    qdiscs = json.loads(procs.run(argv["tc_qdisc"]).stdout or "[]")
+    qdiscs = read_qdiscs(dev)
     coalesce, no_coalesce = read_coalesce(dev)
     pause, no_pause = read_pause(dev)
     unsupported = {op: why for op, why in (("coalesce", no_coalesce), ("pause", no_pause)) if why}
@@ -66,6 +86,7 @@ def read_interface(dev: str) -> InterfaceReadback:
         driver=read_driver(dev),
         coalesce=coalesce, pause=pause, unsupported=unsupported,
         neighbours=read_neighbours(dev),
+        raw_qdiscs=rawqdisc.dump(dev, RAW_KINDS) if any(q.get("kind") in RAW_KINDS for q in qdiscs) else [],
     )
 
 

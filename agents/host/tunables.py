@@ -12,7 +12,6 @@ import re
 from pathlib import Path
 
 from agents.host.errors import StateError
-from schemas import procs
 from schemas.allowlist import MODULE_NAME_PATTERN, PARAM_NAME_PATTERN, SYSCTL_NAME_PATTERN
 
 SYSCTL_NAME = re.compile(SYSCTL_NAME_PATTERN)
@@ -57,19 +56,6 @@ def module_param_path(module: str, param: str) -> Path:
 
 def read_module_param(module: str, param: str) -> str:
     return module_param_path(module, param).read_text().strip()
-
-
-def ensure_module(module: str) -> None:
-    """A CC module loads on first use; its parameters must be set before that, so load it now (G-CC)."""
-    if not module_dir(module).exists():
-        try:
-            procs.run(["modprobe", module], check=False)
-        except procs.ToolMissing as exc:
-            raise StateError(f"module {module} is not loaded and cannot be: {exc}",
-                             field=f"state.module_params.{module}") from None
-    if not module_dir(module).exists():
-        raise StateError(f"module {module} is not loaded and cannot be loaded on kernel {os.uname().release}",
-                         field=f"state.module_params.{module}")
 
 
 def write_module_param(module: str, param: str, value: str) -> None:

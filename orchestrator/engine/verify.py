@@ -9,7 +9,7 @@ from orchestrator.plan import RunSpec
 from orchestrator.plan.model.kernels import release_matches
 from schemas import allowlist, protocol
 from schemas.flag import Flag
-from schemas.hoststate import HostState, InterfaceState
+from schemas.hoststate import HostState, InterfaceState, norm_module_param
 from schemas.neighbours import permanent_neighbours
 from schemas.nic import OFFLOAD_LONG_NAMES
 from schemas.qdiscs import QdiscStage, kind_of
@@ -28,20 +28,23 @@ def stage_differences(dev: str, i: int, stage: QdiscStage, rb: protocol.Interfac
         return [f"{where}: missing (wanted {stage.kind})"]
     q = found[0]
     diffs = []
-    if q["kind"] != stage.kind:
-        diffs.append(f"{where}: kind {q['kind']} != {stage.kind}")
+    kind = kind_of(stage)
+    if q["kind"] != kind.tc_kind:
+        diffs.append(f"{where}: kind {q['kind']} != {kind.tc_kind}")
         return diffs
     parent_ok = q.get("root") if i == 0 else q.get("parent") == f"{i}:1"
     if not parent_ok:
         diffs.append(f"{where}: not attached at {'root' if i == 0 else f'{i}:1'}")
-    kind = kind_of(stage)
     if kind.expected is None:
         return [*diffs, f"{where}: no read-back check for qdisc {kind.name}: {kind.pending}"]
     class_where = f"{dev} {stage.kind} class {i + 1}:1"
     cls = kind.class_readback(f"{i + 1}:1", rb.htb_classes, rb.tc_class_text) if kind.class_readback else None
     if kind.class_readback is not None and cls is None:
         diffs.append(f"{class_where}: missing")
-    shown = {**q, "class": cls}
+    raw = [r for r in rb.raw_qdiscs if r.get("handle") == handle]
+    if kind.netlink is not None and not raw:
+        diffs.append(f"{where}: no netlink read-back of its options")
+    shown = {**q, "class": cls, "netlink": raw[0] if raw else None}
     for expect in kind.expected(stage):
         in_class = expect.path[0] == "class"
         if in_class and cls is None:
@@ -50,12 +53,6 @@ def stage_differences(dev: str, i: int, stage: QdiscStage, rb: protocol.Interfac
         if d is not None:
             diffs.append(f"{class_where if in_class else where}: {d}")
     return diffs
-
-
-def norm_module_param(value: str) -> str:
-    """Boolean module parameters read back as Y/N whatever was written (1, y, true): compare as 1/0."""
-    v = str(value).strip()
-    return {"y": "1", "true": "1", "n": "0", "false": "0"}.get(v.lower(), v)
 
 
 def nic_differences(dev: str, want: InterfaceState, irb: protocol.InterfaceReadback) -> list[str]:
@@ -151,12 +148,18 @@ def capability_problems(spec: RunSpec, caps: dict[str, protocol.Capabilities]) -
         for chain in hp.qdiscs.values():
             for stage in chain:
                 if stage.kind not in c.qdiscs:
-                    problems.append(f"host {role} (kernel {c.kernel_release}) lacks qdisc {stage.kind}")
+                    module = kind_of(stage).module
+                    why = (f" (module {module}: not loaded, and not in the module directories of this host's "
+                           "agent, --module-dir)") if module else ""
+                    problems.append(f"host {role} (kernel {c.kernel_release}) lacks qdisc {stage.kind}{why}")
     for f in spec.flows:
         c = caps.get(f.src)
-        if c and f.cc not in c.congestion_controls:
+        if c and f.cc not in c.congestion_controls and not cc_loaded_by_plan(f.cc, spec.hosts.get(f.src), c):
+            module = cc_module(f.cc)
+            hint = (f"; its module {module} is loadable there: load it with hosts.{f.src}.module_params.{module}"
+                    if module in c.loadable_modules else "")
             problems.append(f"host {f.src} (kernel {c.kernel_release}) lacks congestion control {f.cc} "
-                            f"(available: {' '.join(c.congestion_controls)})")
+                            f"(available: {' '.join(c.congestion_controls)}){hint}")
     problems += nic_problems(spec, caps)
     problems += allowlist_problems(spec, caps)
     problems += unsupported_features(spec, caps)
@@ -169,6 +172,18 @@ def capability_problems(spec: RunSpec, caps: dict[str, protocol.Capabilities]) -
         problems += [f"host {role} (kernel {c.kernel_release}) lacks {what}"
                      for asked, has, what in sender_needs if c and asked and not has(c)]
     return sorted(set(problems))
+
+
+def cc_module(cc: str) -> str:
+    """The module of a congestion control, by the kernel's own convention (it autoloads `tcp_<name>`)."""
+    return f"tcp_{cc}"
+
+
+def cc_loaded_by_plan(cc: str, hp, caps: protocol.Capabilities) -> bool:
+    """A congestion control the host lacks until the plan loads its module there: `module_params` names
+    tcp_<cc> and the agent has its file (loadable_modules)."""
+    module = cc_module(cc)
+    return hp is not None and module in hp.module_params and module in caps.loadable_modules
 
 
 def allowlist_problems(spec: RunSpec, caps: dict[str, protocol.Capabilities]) -> list[str]:

@@ -1,5 +1,5 @@
 """Configure and read back DualPI2 over netlink with pyroute2 (iproute2 6.1's tc does not know it). Effects;
-the bytes are schemas/qdiscs/dualpi2_netlink.py, the requests orchestrator/kernel/mark_nl.py's. Runs where
+the bytes are schemas/qdiscs/dualpi2_netlink.py, the requests schemas/rawqdisc.py's. Runs where
 sch_dualpi2 is loaded (a VM-lab guest on 7.2: `vm.guest_exec([python, "-m", "orchestrator.kernel.dualpi2_nl",
 ...])`):
 
@@ -14,40 +14,42 @@ empty when the read-back is what was asked). The agent's apply path does not use
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import time
 
-from orchestrator.kernel.mark_nl import configure, dump
+from schemas import rawqdisc
 from schemas.qdiscs import dualpi2_netlink as dn
 
 
-async def show(dev: str) -> list[dict]:
+def show(dev: str) -> list[dict]:
     """Every dualpi2 qdisc on `dev`: handle, parent, decoded options (and their bytes), xstats and the generic
     counters (`stats`: packets, drop, overlimits, qlen, backlog)."""
-    return [{"handle": handle, "parent": parent, "options": dn.decode_options(options), "options_hex": options.hex(),
-             "xstats": dn.decode_xstats(xstats) if xstats else None, "xstats_hex": xstats.hex() if xstats else None,
-             "stats": stats}
-            for handle, parent, options, xstats, stats in await dump(dev, dn.KIND)]
+    out = []
+    for q in rawqdisc.dump(dev, [dn.KIND]):
+        options, xstats = bytes.fromhex(q["options_hex"]), bytes.fromhex(q["xstats_hex"])
+        out.append({"handle": q["handle"], "parent": q["parent"], "options": dn.decode_options(options),
+                    "options_hex": q["options_hex"], "xstats": dn.decode_xstats(xstats) if xstats else None,
+                    "xstats_hex": q["xstats_hex"] or None, "stats": q["stats"]})
+    return out
 
 
-async def apply(dev: str, parent: str, handle: str, values: dict[int, int], command: str = "add") -> list[dict]:
+def apply(dev: str, parent: str, handle: str, values: dict[int, int], command: str = "add") -> list[dict]:
     """Send `values` (dualpi2_netlink attributes) and read back; each entry gets `mismatches`."""
-    await configure(dev, parent, handle, dn.encode(values), command, kind=dn.KIND, nested_flag=True)
-    shown = await show(dev)
+    rawqdisc.configure(dev, parent, handle, dn.KIND, dn.encode(values), command, nested_flag=True)
+    shown = show(dev)
     for q in shown:
         q["mismatches"] = dn.readback_mismatches(values, q["options"])
     return shown
 
 
-async def watch(dev: str, every_s: float, count: int) -> None:
+def watch(dev: str, every_s: float, count: int) -> None:
     """`count` samples of the xstats, one JSON line each with the wall clock (the captures' clock)."""
     for _ in range(count):
         started = time.monotonic()
-        for q in await show(dev):
+        for q in show(dev):
             print(json.dumps({"t": time.time(), "handle": q["handle"], "xstats": q["xstats"]}), flush=True)
-        await asyncio.sleep(max(0.0, every_s - (time.monotonic() - started)))
+        time.sleep(max(0.0, every_s - (time.monotonic() - started)))
 
 
 def values_from_args(args: argparse.Namespace) -> dict[int, int]:
@@ -71,12 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--count", type=int, default=10, help="watch: samples")
     args = p.parse_args(argv)
     if args.command == "watch":
-        asyncio.run(watch(args.dev, args.every, args.count))
+        watch(args.dev, args.every, args.count)
         return 0
     if args.command == "show":
-        print(json.dumps(asyncio.run(show(args.dev))))
+        print(json.dumps(show(args.dev)))
         return 0
-    shown = asyncio.run(apply(args.dev, args.parent, args.handle, values_from_args(args), args.command))
+    shown = apply(args.dev, args.parent, args.handle, values_from_args(args), args.command)
     print(json.dumps(shown))
     return 1 if any(q["mismatches"] for q in shown) else 0
 

@@ -1,78 +1,30 @@
-"""Configure and read back the `aqm_mark` qdisc over netlink with pyroute2 (no patched tc). Effects; the
-bytes are schemas/qdiscs/mark_netlink.py. Runs wherever the module is loaded (a VM-lab guest:
+"""Configure and read back the `aqm_mark` qdisc by hand, over netlink (no patched tc). The bytes are
+schemas/qdiscs/mark_netlink.py, the netlink requests schemas/rawqdisc.py (the agent's apply and read-back of a
+plan's `mark` stage use the same two). Runs wherever the module is loaded (a VM-lab guest:
 `vm.guest_exec([python, "-m", "orchestrator.kernel.mark_nl", ...])`):
 
     python -m orchestrator.kernel.mark_nl add --dev to-client --parent 2:1 --handle 3: --mode step --min-ns 2000000
     python -m orchestrator.kernel.mark_nl change --dev to-client --parent 2:1 --handle 3: --mode ramp ...
     python -m orchestrator.kernel.mark_nl show --dev to-client      # JSON: options and xstats of each aqm_mark
-
-The agent's apply path does not use it yet (a plan's `mark` stage is still refused as pending).
 """
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 
+from schemas import rawqdisc
 from schemas.qdiscs import mark_netlink as mn
 
 
-async def _request(ipr, msg, msg_type: int, flags: int) -> list:
-    return [x async for x in await ipr.nlm_request(msg, msg_type=msg_type, msg_flags=flags)]
-
-
-async def configure(dev: str, parent: str, handle: str, options: bytes, command: str = "add",
-                    kind: str = mn.KIND, nested_flag: bool = False) -> None:
-    """RTM_NEWQDISC with TCA_KIND `kind` (aqm_mark; dualpi2_nl passes dualpi2) and the raw TCA_OPTIONS nest
-    (add: create, fail if present; change: modify the existing one). `nested_flag`: set NLA_F_NESTED on
-    TCA_OPTIONS, which a qdisc parsing it with nla_parse_nested (not _deprecated) requires (dualpi2: EINVAL
-    without it)."""
-    from pyroute2 import AsyncIPRoute
-    from pyroute2.netlink import NLA_F_NESTED, NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST
-    from pyroute2.netlink.rtnl import RTM_NEWQDISC
-    from pyroute2.netlink.rtnl.tcmsg import tcmsg
-
-    async with AsyncIPRoute() as ipr:
-        index = (await ipr.link_lookup(ifname=dev))[0]
-        msg = tcmsg()
-        msg["family"], msg["index"] = 0, index
-        msg["handle"], msg["parent"] = mn.parse_handle(handle), mn.parse_handle(parent)
-        msg["attrs"] = [("TCA_KIND", kind), ("TCA_OPTIONS", options, NLA_F_NESTED if nested_flag else 0)]
-        flags = NLM_F_REQUEST | NLM_F_ACK | (NLM_F_CREATE | NLM_F_EXCL if command == "add" else 0)
-        await _request(ipr, msg, RTM_NEWQDISC, flags)
-
-
-async def dump(dev: str, kind: str) -> list[tuple[str, str, bytes, bytes | None, dict]]:
-    """(handle, parent, TCA_OPTIONS bytes, TCA_XSTATS bytes, TCA_STATS {packets, drop, overlimits, qlen,
-    backlog}) of every `kind` qdisc on `dev` (a qdisc dump; pyroute2 knows neither kind and hands options and
-    xstats over raw)."""
-    from pyroute2 import AsyncIPRoute
-    from pyroute2.netlink import NLM_F_DUMP, NLM_F_REQUEST
-    from pyroute2.netlink.rtnl import RTM_GETQDISC
-    from pyroute2.netlink.rtnl.tcmsg import tcmsg
-
-    out = []
-    async with AsyncIPRoute() as ipr:
-        index = (await ipr.link_lookup(ifname=dev))[0]
-        req = tcmsg()
-        req["index"] = index
-        for q in await _request(ipr, req, RTM_GETQDISC, NLM_F_REQUEST | NLM_F_DUMP):
-            if q["index"] != index or q.get_attr("TCA_KIND") != kind:
-                continue
-            xstats, stats = q.get_attr("TCA_XSTATS"), q.get_attr("TCA_STATS")
-            counters = {f: stats[f] for f in ("packets", "drop", "overlimits", "qlen", "backlog")} if stats else {}
-            out.append((f"{q['handle'] >> 16:x}:", f"{q['parent'] >> 16:x}:{q['parent'] & 0xFFFF:x}",
-                        mn.from_hex(q.get_attr("TCA_OPTIONS") or b""), mn.from_hex(xstats) if xstats else None,
-                        counters))
-    return out
-
-
-async def show(dev: str) -> list[dict]:
+def show(dev: str) -> list[dict]:
     """Every aqm_mark qdisc on `dev` from a qdisc dump: handle, parent, decoded options and xstats."""
-    return [{"handle": handle, "parent": parent, "options": mn.decode_options(options), "options_hex": options.hex(),
-             "xstats": mn.decode_xstats(xstats) if xstats else None}
-            for handle, parent, options, xstats, _ in await dump(dev, mn.KIND)]
+    out = []
+    for q in rawqdisc.dump(dev, [mn.KIND]):
+        options, xstats = bytes.fromhex(q["options_hex"]), bytes.fromhex(q["xstats_hex"])
+        out.append({"handle": q["handle"], "parent": q["parent"], "options": mn.decode_options(options),
+                    "options_hex": q["options_hex"], "xstats": mn.decode_xstats(xstats) if xstats else None})
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,8 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command != "show":
         options = mn.encode_options(args.mode, args.metric, args.min_ns, args.max_ns, args.limit,
                                     not args.on_enqueue, args.rate)
-        asyncio.run(configure(args.dev, args.parent, args.handle, options, args.command))
-    print(json.dumps(asyncio.run(show(args.dev))))
+        rawqdisc.configure(args.dev, args.parent, args.handle, mn.KIND, options, args.command)
+    print(json.dumps(show(args.dev)))
     return 0
 
 

@@ -62,15 +62,17 @@ VM_PROCESSES = ("qemu-", "virtiofsd-")  # supervisor children of a guest, named 
 
 def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, kernel: str | None = None,
        timeout_s: float = 180.0, vm_roles: tuple[str, ...] = ("aqm",), graph: Graph | None = None,
-       disk: bool = False) -> dict:
+       disk: bool = False, modules: tuple[str, ...] = ()) -> dict:
     """The lab of `graph` (default: the quickstart's chain) with `vm_roles` as guests, the rest namespaces.
     `kernel`: a Debian kernel image package, or the path of a linux-image .deb (a tcplab build).
     `disk`: the guests are disk guests (orchestrator.lab.vm_disk_lab): real hosts booting their own disk,
     reached over SSH and provisioned by `tcplab provision`; `kernel` does not apply (they boot what their
-    disk's boot entry names)."""
-    if disk and kernel:
+    disk's boot entry names).
+    `modules`: modules of experiments/modules/ to build for the guest kernel (cached) and give every guest's
+    agent as a --module-dir (it insmods them when a plan needs them)."""
+    if disk and (kernel or modules):
         raise LabError("disk guests boot the kernel their own boot entry names: install one with "
-                       "`tcplab kernel install` instead of --kernel")
+                       "`tcplab kernel install` instead of --kernel (and its modules with it) ")
     topo = netns_topology(prefix) if graph is None else lab_topology(graph, prefix)
     vm_roles = check_vm_roles(topo, vm_roles)
     deb = Path(kernel) if kernel and kernel.endswith(".deb") else None   # a `tcplab kernel build` package
@@ -82,15 +84,21 @@ def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, kernel: str | None
         if kind == "vm" and status(state_dir, prefix)["healthy"]:
             inv = json.loads(inventory_path(state_dir).read_text())
             if (package not in (None, inv["vm"].get("package")) or tuple(inv["vm"]["roles"]) != vm_roles
-                    or inv.get("topology") != netns.topology_dict(topo) or bool(inv["vm"].get("disk")) != disk):
+                    or inv.get("topology") != netns.topology_dict(topo) or bool(inv["vm"].get("disk")) != disk
+                    or sorted(inv["vm"].get("modules", {})) != sorted(modules)):
                 kernel = inv['vm'].get('package') or 'disk guests'
-                raise LabError(f"a vm lab with {kernel} and guests {', '.join(inv['vm']['roles'])} "
-                               "is up: run `tcplab lab down` first")
+                raise LabError(f"a vm lab with {kernel}, guests {', '.join(inv['vm']['roles'])} and "
+                               f"modules {', '.join(inv['vm'].get('modules', {})) or 'none'} is up: run "
+                               "`tcplab lab down` first")
             return inv
         down(state_dir, prefix)
     if missing := missing_tools():
         raise LabError("the VM lab needs " + ", ".join(missing) + ": run `make vm-deps`")
     image = vm_image.ensure_image(None if deb else kernel, deb=deb)
+    if modules and deb:
+        raise LabError("--module builds against a Debian kernel package's headers, not a `tcplab kernel build`")
+    from orchestrator.kernel import debian_modules  # the module build's own imports only when asked
+    built = [debian_modules.ensure_module(m, image.package) for m in modules]
     accel = choose_accel(image)
     base = vm_disk.ensure_base_image()[0] if disk else None
     ns_roles = tuple(r for r in topo.roles if r not in vm_roles)
@@ -125,7 +133,7 @@ def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, kernel: str | None
                                    {r: topo.namespace(r) if r in ns_roles else None for r in topo.roles})
         inv["processes"], guests = [], {}
         for i, (role, port) in enumerate(ports.items()):
-            cfg = guest_config(topo, role, port, macs)
+            cfg = guest_config(topo, role, port, macs, [str(b.ko.parent) for b in built])
             gdir = _prepare_guest_dir(state_dir, role, token_file, cfg)
             guests[role] = {"control_port": port, "console": str(gdir / "console.log")}
             if base is None:
@@ -140,7 +148,8 @@ def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, kernel: str | None
             inv["hosts"][role]["agent_listen"] = vm_disk_lab.agent_listen()
             guests[role].update({"disk": str(gdir / "disk.img"), "ssh_port": ssh_port})
         vm_info = {"disk": True, "base_image": str(base)} if base else image.to_json()
-        inv["vm"] = {**vm_info, "accel": accel, "roles": list(vm_roles), "guests": guests}
+        inv["vm"] = {**vm_info, "accel": accel, "roles": list(vm_roles), "guests": guests,
+                     "modules": {b.name: b.to_json() for b in built}}
         return _start(state_dir, inv, list(fds.values()), timeout_s)
     except BaseException:
         for fd in fds.values():

@@ -110,10 +110,13 @@ def lab_macs(topo: Topology, vm_roles: tuple[str, ...], namespace_macs: dict[tup
     return macs
 
 
-def guest_config(topo: Topology, role: str, port: int, macs: dict[tuple[str, str], str]) -> dict:
+def guest_config(topo: Topology, role: str, port: int, macs: dict[tuple[str, str], str],
+                 module_dirs: Iterable[str] = ()) -> dict:
     """<vm dir>/guest/guest.json for orchestrator.lab.vm_guest: interfaces by MAC, static neighbours,
     routes through the aqm (endpoints) or forwarding (aqm), the clock source and the agent's argv.
-    Neighbours: every host on the interface's segment (its link's peer, or everyone on its switch)."""
+    Neighbours: every host on the interface's segment (its link's peer, or everyone on its switch).
+    `module_dirs`: host directories of modules built for the guest kernel (the guest sees them read-only),
+    each an agent --module-dir."""
     interfaces = [{"ifname": ep.ifname, "mac": macs[(role, ep.ifname)], "addr": ep.addr, "plen": ep.plen,
                    "neighbours": [[p.addr, macs[(p.role, p.ifname)]] for p in topo.segment_peers(ep)]}
                   for ep in topo.endpoints(role)]
@@ -122,6 +125,8 @@ def guest_config(topo: Topology, role: str, port: int, macs: dict[tuple[str, str
              "--artifacts", str(AGENT_ARTIFACTS / topo.prefix / role)]
     for ep in topo.endpoints(role):
         agent += ["--interface", ep.ifname]
+    for d in module_dirs:
+        agent += ["--module-dir", str(d)]
     return {"hostname": topo.namespace(role), "interfaces": interfaces,
             "routes": [[subnet, via, dev] for r, subnet, via, dev in routes(topo) if r == role],
             "sysctls": {"net.ipv4.ip_forward": "1"} if role in topo.routers() else {},

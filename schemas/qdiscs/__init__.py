@@ -40,6 +40,13 @@ def kind_of(stage: Strict) -> QdiscKind[Any]:
     return KINDS[stage.kind]  # type: ignore[attr-defined]
 
 
+def decoded_xstats(tc_kind: str | None, raw: object) -> dict | None:
+    """TCA_XSTATS of one of tcplab's own kinds (pyroute2 shows them as hex), decoded; None for other kinds."""
+    from schemas.rawqdisc import hex_bytes
+    decode = next((k.xstats for k in _ALL if k.xstats is not None and k.tc_kind == tc_kind), None)
+    return decode(bytes.fromhex(hex_bytes(raw))) if decode is not None and raw else None
+
+
 def option_differences(stage: Strict, shown: dict) -> list[str]:
     """Every option of `stage` that `shown` (the qdisc's `tc -s -d -j` object, its class under "class")
     does not show as wanted, each as "<option> <got> != <want>"."""
@@ -50,5 +57,5 @@ def option_differences(stage: Strict, shown: dict) -> list[str]:
 
 
 __all__ = ["KINDS", "Bfifo", "Cake", "Codel", "DualPi2", "Expect", "Fq", "FqCodel", "FqPie", "Htb", "Mark",
-           "Netem", "Pfifo", "Pie", "QdiscKind", "QdiscStage", "Red", "Tbf", "kind_of", "option_differences",
-           "tc_time"]
+           "Netem", "Pfifo", "Pie", "QdiscKind", "QdiscStage", "Red", "Tbf", "decoded_xstats", "kind_of",
+           "option_differences", "tc_time"]

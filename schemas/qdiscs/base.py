@@ -170,10 +170,26 @@ class QdiscKind(Generic[StageT]):
     """stage field -> why tc's read-back cannot show it (so it is applied but not compared)"""
     pending: str | None = None
     """why this agent version cannot apply the kind yet; its argv, read-back and probe are then None"""
+    netlink: Callable[[StageT], bytes] | None = None
+    """kinds stock tc cannot configure (tcplab's own modules): the raw TCA_OPTIONS the agent sends in an
+    RTM_NEWQDISC instead of running tc (schemas/rawqdisc.py); `params` is then None. Their read-back is the
+    kernel's dump of the options, under "netlink" ({options_hex, xstats_hex}) in the read-back document"""
+    kernel_kind: str | None = None
+    """the kernel's name of the kind (TCA_KIND, what tc prints) when it is not the stage's"""
+    xstats: Callable[[bytes], dict] | None = None
+    """kinds whose TCA_XSTATS pyroute2 cannot decode: their decoder (the qdisc poller records the last sample)"""
+    module: str | None = None
+    """the module that provides the kind when the kernel cannot load it on demand (one of tcplab's own,
+    experiments/modules/): the agent loads it from its module directories before the probe and the apply"""
 
     @property
     def name(self) -> str:
         return self.stage.model_fields["kind"].default
+
+    @property
+    def tc_kind(self) -> str:
+        """TCA_KIND: what the kernel (and tc) calls it."""
+        return self.kernel_kind or self.name
 
 
 def limit_or_default(limit_packets: int | None, default: int | None) -> int:

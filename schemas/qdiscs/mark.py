@@ -1,11 +1,12 @@
 """`mark`: tcplab's `aqm-mark` qdisc, a kernel variant (module sch_aqm_mark) that marks CE on the
 instantaneous sojourn time or the expected service time, as a step or a linear ramp.
 
-The module is experiments/modules/sch_aqm_mark (qdisc kind `aqm_mark`, docs/modules.md) and its netlink
-options are schemas/qdiscs/mark_netlink.py (no patched tc: raw TCA_OPTIONS). Still pending for plans: the
-agent does not load the module, apply the stage over netlink or read it back yet, so there is no argv,
-read-back or probe here. The kind is never probed, so a plan that needs it is refused before any host is
-touched ("lacks qdisc mark"); its buffer still counts for G-NETEM.
+The module is experiments/modules/sch_aqm_mark (qdisc kind `aqm_mark`, docs/modules.md). Stock tc cannot
+configure it, so the stage has no tc argv: the agent sends its netlink options (schemas/qdiscs/mark_netlink.py)
+in an RTM_NEWQDISC (schemas/rawqdisc.py) and reads them back from the kernel's qdisc dump, byte-decoded here.
+The agent loads the module from its module directories (`--module-dir`) for the probe and the apply, and a host
+whose agent cannot load it does not report `mark`: a plan that needs it is refused there before any host is
+touched ("lacks qdisc mark").
 """
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from schemas.qdiscs.base import QdiscKind, Strict
+from schemas.qdiscs import mark_netlink
+from schemas.qdiscs.base import Expect, QdiscKind, Strict
 
 
 class Mark(Strict):
@@ -28,13 +30,29 @@ class Mark(Strict):
     limit_packets: int = Field(gt=0)
 
 
+def _decoded(field: str):
+    def read(options_hex: str):
+        return mark_netlink.decode_options(bytes.fromhex(options_hex)).get(field)
+    return read
+
+
+def expected(s: Mark) -> list[Expect]:
+    """Every option, from the kernel's own dump of TCA_OPTIONS (exact: the kernel keeps what it was given)."""
+    wanted = {"mode": s.mode, "metric": s.metric, "min_ns": s.min_ns, "max_ns": s.max_ns,
+              "on_dequeue": s.on_dequeue, "limit_packets": s.limit_packets}
+    return [Expect(name, ("netlink", "options_hex"), want, (name,), read=_decoded(name),
+                   unit="ns" if name.endswith("_ns") else "") for name, want in wanted.items()]
+
+
 MARK = QdiscKind(
     stage=Mark,
     params=None,
-    expected=None,
+    expected=expected,
     buffer_packets=lambda s, mtu: s.limit_packets,
-    probe=None,
+    probe=(mark_netlink.KIND,),
     leaf_only=True,
-    pending="the agent cannot load the aqm_mark module (experiments/modules/sch_aqm_mark) or apply and read it back "
-            "over netlink yet",
+    netlink=mark_netlink.options_for,
+    kernel_kind=mark_netlink.KIND,
+    xstats=mark_netlink.decode_xstats,
+    module="sch_aqm_mark",
 )

@@ -19,9 +19,12 @@ configure it. Docs: docs/modules.md.
 from __future__ import annotations
 
 import struct
+from typing import TYPE_CHECKING
 
 from schemas.qdiscs import nla
-from schemas.qdiscs.mark import Mark
+
+if TYPE_CHECKING:   # mark.py builds its kind from the encoder below
+    from schemas.qdiscs.mark import Mark
 
 KIND = "aqm_mark"
 MODE, METRIC, MIN_NS, MAX_NS, LIMIT, ON_DEQUEUE, RATE, PAD = range(1, 9)
@@ -78,11 +81,3 @@ def decode_xstats(data: bytes) -> dict:
 def from_hex(text: str | bytes) -> bytes:
     """pyroute2 shows attributes it has no decoder for as "08:00:01:00"; bytes pass through."""
     return text if isinstance(text, bytes) else bytes.fromhex(text.replace(":", ""))
-
-
-def parse_handle(text: str) -> int:
-    """tc's "2:1" / "3:" / "root" -> the 32-bit handle."""
-    if text == "root":
-        return 0xFFFFFFFF
-    major, _, minor = text.partition(":")
-    return (int(major or "0", 16) << 16) | int(minor or "0", 16)

@@ -81,16 +81,18 @@ def skip_unless_vm_lab_can_run() -> None:
 
 
 def vm_lab_up(tmp_path_factory, prefix: str, vm_roles: tuple[str, ...], timeout_s: float = 240,
-              graph=None, kernel: str | None = None) -> Iterator[tuple[dict, Path]]:
+              graph=None, kernel: str | None = None, modules: tuple[str, ...] = ()) -> Iterator[tuple[dict, Path]]:
     """Body of a module-scoped VM-lab fixture: skips with the reason when the VM lab cannot run (or the
     kernel image cannot be fetched), always takes the lab down. `graph`: a plan's topology (default: the
-    quickstart's chain); `kernel`: the guests' Debian kernel package (default: the VM lab's)."""
+    quickstart's chain); `kernel`: the guests' Debian kernel package (default: the VM lab's); `modules`:
+    experiments/modules/ built for the guests' agents (vm.up)."""
     from orchestrator.lab import vm
 
     skip_unless_vm_lab_can_run()
     state_dir = tmp_path_factory.mktemp(prefix)
     try:
-        inv = vm.up(state_dir, prefix, kernel=kernel, timeout_s=timeout_s, vm_roles=vm_roles, graph=graph)
+        inv = vm.up(state_dir, prefix, kernel=kernel, timeout_s=timeout_s, vm_roles=vm_roles, graph=graph,
+                    modules=modules)
         print(f"\nvm lab ({', '.join(inv['vm']['roles'])} as guests): {inv['vm']['package']} {inv['vm']['accel']}, "
               f"agents ready after {inv['vm']['boot_s']} s")
         yield inv, state_dir

@@ -69,3 +69,20 @@ def test_dctcp_plan_is_refused_on_a_kernel_without_dctcp(lab, tmp_path):
                                    tmp_path / "results")
     assert rc == 3, message
     assert f"host server (kernel {os.uname().release}) lacks congestion control dctcp" in message
+
+
+MARK_PLAN = VM_PLAN.parent / "mark.yaml"
+
+
+def test_mark_plan_is_refused_where_no_agent_can_load_the_studys_modules(lab, tmp_path):
+    """The netns lab's agents have no --module-dir and this kernel loads no modules: the `mark` queue and the
+    cc of tcp_dctcp_flaws are refused before any host is touched, naming host, kernel and module."""
+    inv, state_dir = lab
+    rc, message = run_plan_quietly(MARK_PLAN, f"sqlite:///{tmp_path / 'refused.db'}", state_dir, tmp_path / "results")
+    print(message)
+    release = os.uname().release
+    assert rc == 3, message
+    assert "refused before touching any host" in message
+    assert (f"host aqm (kernel {release}) lacks qdisc mark (module sch_aqm_mark: not loaded, and not in the module "
+            "directories of this host's agent, --module-dir)") in message
+    assert f"host server (kernel {release}) lacks congestion control dctcp_flaws" in message

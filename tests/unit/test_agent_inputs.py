@@ -12,7 +12,8 @@ from pydantic import ValidationError
 from agents.__main__ import parse_args
 from agents.host.errors import NotAllowed, StateError
 from agents.host.executor import HostStateExecutor
-from agents.host.tunables import ensure_module, sysctl_path
+from agents.host.modules import load as load_module
+from agents.host.tunables import sysctl_path
 from agents.session import AgentSession, Dispatch
 from orchestrator.engine.verify import capability_problems
 from orchestrator.lab.supervisor import agent_argv
@@ -132,7 +133,7 @@ def test_a_missing_tool_is_one_line_naming_tool_and_host():
 def test_a_missing_modprobe_is_a_state_error_naming_the_module(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))   # a host without modprobe (an empty PATH)
     with pytest.raises(StateError) as err:
-        ensure_module("tcp_tcplab_absent")
+        load_module("tcp_tcplab_absent", {}, [])
     assert "module tcp_tcplab_absent is not loaded and cannot be: modprobe not found on host" in str(err.value)
     assert err.value.field == "state.module_params.tcp_tcplab_absent"
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.kernel import argv, modbuild
+from schemas import rawqdisc
 from schemas.qdiscs import mark_netlink as mn
 from schemas.qdiscs.mark import Mark
 
@@ -83,8 +84,10 @@ def test_xstats_and_pyroute2_hex():
                         "40420f0000000000")
     assert mn.decode_xstats(raw) == {"packets": 10, "marked": 3, "dropped": 1, "not_ect": 2, "drain_rate": 1_000_000}
     assert mn.from_hex("08:00:01:00") == b"\x08\x00\x01\x00"
-    assert mn.parse_handle("2:1") == 0x20001 and mn.parse_handle("3:") == 0x30000
-    assert mn.parse_handle("root") == 0xFFFFFFFF
+    assert rawqdisc.parse_handle("2:1") == 0x20001 and rawqdisc.parse_handle("3:") == 0x30000
+    assert rawqdisc.parse_handle("root") == 0xFFFFFFFF
+    assert [rawqdisc.handle_text(h) for h in (0x20001, 0x30000, 0xFFFFFFFF)] == ["2:1", "3:", "root"]
+    assert rawqdisc.hex_bytes("08:00:01:00") == "08000100" and rawqdisc.hex_bytes(None) == ""
 
 
 def test_header_packages_of_the_vm_labs_kernels():

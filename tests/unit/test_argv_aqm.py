@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agents.host.argv import ChainError, chain_argv
+from agents.host.argv import ChainError, RawQdisc, chain_argv
 from schemas.qdiscs import Cake, Codel, DualPi2, Fq, FqCodel, FqPie, Htb, Mark, Netem, Pfifo, Pie, Red, tc_time
 
 
@@ -55,11 +55,20 @@ def test_aqm_parameters(stage: object, params: list[str]) -> None:
     assert cmd[:8] == ["tc", "qdisc", "add", "dev", "x", "root", "handle", "1:"] and cmd[8:] == params
 
 
-def test_aqms_are_leaves_and_mark_needs_its_own_tc() -> None:
+def test_aqms_are_leaves_and_mark_goes_over_netlink_not_tc() -> None:
     with pytest.raises(ChainError, match="cannot have a child"):
         chain_argv("x", [FqCodel(), Pfifo(limit_packets=10)])
-    with pytest.raises(ChainError, match="stock iproute2"):
-        chain_argv("x", [Mark(mode="step", min_ns=1_000_000, limit_packets=100)])
+    with pytest.raises(ChainError, match="cannot have a child"):
+        chain_argv("x", [Mark(mode="step", min_ns=1_000_000, limit_packets=100), Pfifo(limit_packets=10)])
+    netem, htb, htb_class, mark = chain_argv("to-client", [Netem(delay_ns=10_000_000, limit_packets=1000),
+                                                           Htb(rate_bit=20_000_000, burst_bytes=2500),
+                                                           Mark(mode="step", min_ns=2_000_000, limit_packets=1000)])
+    assert htb[:8] == ["tc", "qdisc", "add", "dev", "to-client", "parent", "1:1", "handle"]
+    assert htb_class[:3] == ["tc", "class", "add"]
+    assert netem[:8] == ["tc", "qdisc", "add", "dev", "to-client", "root", "handle", "1:"]
+    assert mark == RawQdisc("to-client", "2:1", "3:", "aqm_mark", bytes.fromhex(
+        "0800010000000000" "0800020000000000" "0c000300" "80841e0000000000" "0c00040000000000" "00000000"
+        "08000500e8030000" "0500060001000000" "0c00070000000000" "00000000"))
 
 
 def test_red_probability_one_is_capped_below_the_u32_overflow() -> None:

@@ -36,14 +36,14 @@ from schemas.qdiscs import (
     option_differences,
 )
 from schemas.qdiscs.htb import class_readback
+from tests.unit.test_aqm_mark_pure import DUMP_EST_X86
 
 ROOT = Path(__file__).resolve().parents[2]
 TC = ROOT / "tests" / "fixtures" / "tc"
 
 # kinds this agent version cannot apply yet, and why: they have no argv, read-back, probe or fixture. A kind
 # listed here must say so in its registry entry (`pending`), and the other way round.
-PENDING = {"mark": "tcplab's aqm-mark qdisc: the module is built and proven (docs/modules.md), but the agent "
-                   "does not load, apply or read it back yet"}
+PENDING: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -89,14 +89,17 @@ FIXTURES: dict[str, list[Fixture]] = {
     "fq": [Fixture("fq_maxrate", "1:", Fq(maxrate_bit=50_000_000), ("pacing",))],
 }
 ALL_FIXTURES = [f for fixtures in FIXTURES.values() for f in fixtures]
-PENDING_SAMPLES = {"mark": Mark(mode="step", min_ns=1_000_000, limit_packets=100)}
+# kinds tc cannot configure (the agent sends their netlink options): a stage and the read-back document of
+# the guest kernel's literal dump of it (tests/unit/test_aqm_mark_pure.py: step, est, 2 ms, 1000 packets)
+NETLINK_SAMPLES = {"mark": (Mark(mode="step", metric="est", min_ns=2_000_000, limit_packets=1000),
+                            {"kind": "aqm_mark", "netlink": {"options_hex": DUMP_EST_X86.hex()}})}
 
 
 def sample(name: str):
-    """A stage of the kind: the one behind its first fixture (a pending kind has none: its sample)."""
+    """A stage of the kind: the one behind its first fixture (a netlink kind: its sample)."""
     found = FIXTURES.get(name) or []
-    assert found or name in PENDING_SAMPLES, f"{name}: no read-back fixture (tests/fixtures/tc/) in FIXTURES"
-    return found[0].stage if found else PENDING_SAMPLES[name]
+    assert found or name in NETLINK_SAMPLES, f"{name}: no read-back fixture (tests/fixtures/tc/) in FIXTURES"
+    return found[0].stage if found else NETLINK_SAMPLES[name][0]
 
 
 def _tags(union) -> set[str]:
@@ -138,11 +141,11 @@ def test_every_kind_has_every_part(name: str) -> None:
             f"{name}: pending, yet it has an argv, read-back or probe: take it off PENDING and give it a fixture"
         return
     assert kind.pending is None, f"{name}: pending in the registry ({kind.pending}) but not listed in PENDING"
-    assert kind.params is not None, f"{name}: no tc argv builder"
+    assert (kind.params is None) != (kind.netlink is None), f"{name}: needs one builder: tc argv or netlink options"
     assert kind.expected is not None, f"{name}: no expected read-back"
     assert kind.probe, f"{name}: no capability probe"
-    assert kind.probe[0] == name, f"{name}: the probe adds {kind.probe[0]}, not the kind itself"
-    assert FIXTURES.get(name), f"{name}: no read-back fixture (tests/fixtures/tc/) in FIXTURES"
+    assert kind.probe[0] == kind.tc_kind, f"{name}: the probe adds {kind.probe[0]}, not the kind itself"
+    assert FIXTURES.get(name) or name in NETLINK_SAMPLES, f"{name}: no read-back fixture (tests/fixtures/tc/)"
     assert (kind.class_params is None) == (kind.class_readback is None), \
         f"{name}: a class needs both its argv and its read-back"
     assert not (kind.class_params and kind.leaf_only), f"{name}: a classful kind takes a child"
@@ -168,7 +171,7 @@ def test_buffer_is_whole_packets(name: str) -> None:
     (Pfifo(limit_packets=100), 100), (Bfifo(limit_bytes=150_000), 100), (RAMP, 334),
     (Tbf(rate_bit=20_000_000, burst_bytes=5000, limit_bytes=30_000), 20), (Netem(delay_ns=0, limit_packets=7), 7),
     (FqCodel(), 10240), (FqCodel(limit_packets=500), 500), (Codel(), 1000), (Pie(), 1000), (FqPie(), 10240),
-    (DualPi2(), 10000), (Fq(), 10000), (Cake(), 0), (Htb(rate_bit=10**9), 0), (PENDING_SAMPLES["mark"], 100)])
+    (DualPi2(), 10000), (Fq(), 10000), (Cake(), 0), (Htb(rate_bit=10**9), 0), (NETLINK_SAMPLES["mark"][0], 1000)])
 def test_buffer_in_packets_at_a_1500_byte_mtu(stage, packets: int) -> None:
     # what G-NETEM adds below a netem: a limit in bytes in whole packets, an unset packet limit at tc's default
     assert KINDS[stage.kind].buffer_packets(stage, 1500) == packets
@@ -179,6 +182,18 @@ def test_the_agent_probes_every_kind_it_can_apply() -> None:
     probes = qdisc_probes()
     assert {name for name, k in KINDS.items() if not k.pending} <= set(probes)
     assert not set(PENDING) & set(probes)   # never probed, so never in the capabilities: the plan is refused
+
+
+@pytest.mark.parametrize("name", sorted(NETLINK_SAMPLES))
+def test_a_netlink_kind_reads_back_from_the_kernels_dump(name: str) -> None:
+    stage, shown = NETLINK_SAMPLES[name]
+    assert option_differences(stage, shown) == []
+    for field, other in (("min_ns", 3_000_000), ("metric", "sojourn"), ("limit_packets", 999), ("on_dequeue", False),
+                         ("mode", "ramp")):
+        extra = {"max_ns": 5_000_000} if field == "mode" else {}
+        changed = stage.model_copy(update={field: other, **extra})
+        assert any(d.startswith(f"{field} ") for d in option_differences(changed, shown)), field
+    assert option_differences(stage, {"kind": "aqm_mark", "netlink": None})   # no dump: reported, not passed
 
 
 # --- the argv -> read-back round trip on each fixture ---------------------------------------------------

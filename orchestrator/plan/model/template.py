@@ -116,7 +116,9 @@ class HostSection(Strict):
         None, "kernel variant the host must run (a key of the plan's `kernels`); default: whatever it runs, "
         "recorded", "vanilla-5.0.0")
     module_params: dict[ModuleName, dict[ParamKey, SysctlValue]] = _f(
-        {}, "kernel module -> parameter -> value, written to /sys/module/<m>/parameters before the run",
+        {}, "kernel module -> parameter -> value: a module that is not loaded is loaded with them (insmod from the "
+        "agent's --module-dir or modprobe, `name=value`; `{}` loads it with its defaults), else they are written to "
+        "/sys/module/<m>/parameters; read back from there and checked before the run, unloaded at reset",
         {"tcp_dctcp": {"dctcp_shift_g": 4}, "tcp_cubic": {"beta": 850}})
     qdiscs: dict[RoleName, list[Stage]] = _f(
         {}, "explicit qdisc chains, root first, keyed by the role the interface faces (the bottleneck "
