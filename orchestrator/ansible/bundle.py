@@ -15,9 +15,11 @@ import hashlib
 import importlib.metadata
 import io
 import os
+import py_compile
 import shutil
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 
 from schemas import procs
@@ -89,6 +91,27 @@ def site_packages(python: str, progress=print) -> Path:
     return dest
 
 
+def bytecode(members: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+    """__pycache__/*.pyc for every .py member, compiled here for this interpreter's version, as
+    unchecked-hash pycs: a release directory never changes (its name is the bundle's hash), so the host's
+    Python uses them without comparing sources, and the agent does not compile itself at its first start
+    (under TCG that took a minute)."""
+    tag = sys.implementation.cache_tag
+    out = []
+    with tempfile.TemporaryDirectory(prefix="tcplab-pyc-") as tmp:
+        for name, data in members:
+            if not name.endswith(".py"):
+                continue
+            src = Path(tmp) / name
+            src.parent.mkdir(parents=True, exist_ok=True)
+            src.write_bytes(data)
+            pyc = src.parent / "__pycache__" / f"{src.stem}.{tag}.pyc"
+            py_compile.compile(str(src), cfile=str(pyc), dfile=name, doraise=True,
+                               invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+            out.append((str(Path(name).parent / "__pycache__" / pyc.name), pyc.read_bytes()))
+    return out
+
+
 def build_bundle(python: str = f"{sys.version_info.major}.{sys.version_info.minor}", progress=print) -> Path:
     """The bundle for hosts running CPython `python`: CACHE/tcplab-agent-<sha12>.tar.gz."""
     site = site_packages(python, progress)
@@ -96,6 +119,8 @@ def build_bundle(python: str = f"{sys.version_info.major}.{sys.version_info.mino
     members += [(str(p.relative_to(site)), p.read_bytes()) for p in sorted((site / "site").rglob("*"))
                 if p.is_file() and "__pycache__" not in p.parts]
     members.append(("requirements.txt", (site / "requirements.txt").read_bytes()))
+    if python == f"{sys.version_info.major}.{sys.version_info.minor}":
+        members += bytecode(members)
     data = _tar_bytes(members)
     path = CACHE / f"tcplab-agent-{hashlib.sha256(data).hexdigest()[:12]}.tar.gz"
     if not path.exists():

@@ -48,7 +48,7 @@ def provision(path: Path, console: Console, python: str = f"{sys.version_info.ma
     return result
 
 
-async def _wait_for_agents(inv: Inventory, roles: list[str], timeout_s: float = 120.0) -> None:
+async def _wait_for_agents(inv: Inventory, roles: list[str], timeout_s: float = 300.0) -> None:
     """Until every provisioned agent answers hello (it was just (re)started by systemd)."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     for role in roles:
@@ -61,7 +61,8 @@ async def _wait_for_agents(inv: Inventory, roles: list[str], timeout_s: float = 
             except Exception as exc:  # noqa: BLE001 - any failure to connect is "not yet"
                 if asyncio.get_running_loop().time() > deadline:
                     raise InventoryError(f"agent {role} did not answer at {inv.hosts[role].agent} within "
-                                         f"{timeout_s:.0f} s after site.yml: {exc}") from None
+                                         f"{timeout_s:.0f} s after site.yml: {exc} (on the host: "
+                                         "`journalctl -u tcplab-agent`)") from None
                 await asyncio.sleep(1.0)
 
 

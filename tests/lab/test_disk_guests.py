@@ -48,6 +48,12 @@ def disk_lab(tmp_path_factory):
         inv = vm.up(state_dir, PREFIX, timeout_s=300, disk=True)
         yield inv, state_dir
     finally:
+        try:    # the post-mortem: what the guest's agent said
+            doc = json.loads((state_dir / "inventory.json").read_text())
+            print(procs.run(ssh_argv(doc, "aqm", ["journalctl", "-u", "tcplab-agent", "-n", "25", "--no-pager"]),
+                            check=False, timeout=60).stdout)
+        except (OSError, ValueError, KeyError, procs.CommandFailed) as exc:
+            print(f"(no agent journal: {exc})")
         vm.down(state_dir, PREFIX)
 
 
