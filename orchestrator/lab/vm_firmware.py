@@ -21,19 +21,21 @@ import time
 from pathlib import Path
 
 from orchestrator.lab import grubenv, vm_disk
-from orchestrator.lab.vm_recipe import BUSYBOX, closure, cpio_newc, initramfs_entries, parse_modules_dep, uncompressed
+from orchestrator.lab.vm_recipe import (
+    BUSYBOX,
+    INIT_PROLOGUE,
+    closure,
+    cpio_newc,
+    initramfs_entries,
+    parse_modules_dep,
+    uncompressed,
+)
 
 GRUBENV = "/boot/grub/grubenv"
 ROOT_MODULES = ["virtio_pci", "virtio_blk", "ext4", "crc32c_generic"]
 DISK_INIT = r"""#!/bin/busybox sh
 # tcplab VM lab firmware's initramfs for a disk guest: the root disk's modules, then the guest's own init.
-/bin/busybox --install -s /bin
-export PATH=/bin
-mount -t proc proc /proc
-mount -t sysfs sysfs /sys
-mount -t devtmpfs devtmpfs /dev
-exec </dev/console >/dev/console 2>&1
-rel=$(uname -r)
+""" + INIT_PROLOGUE + r"""rel=$(uname -r)
 for m in $(cat /etc/tcplab/load); do insmod "/lib/modules/$rel/$m" 2>/dev/null; done
 i=0; while [ ! -b /dev/vda ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
 mkdir -p /newroot

@@ -193,17 +193,20 @@ def uncompressed(rel: str, data: bytes) -> tuple[str, bytes]:
 
 
 # ---------------------------------------------------------------- the guest's stage 1
-INIT_SCRIPT = r"""#!/bin/busybox sh
-# tcplab VM guest, stage 1 (initramfs): modules; the host's root file system read-only; tmpfs for the
-# writable directories; then switch_root into that view and exec stage 2 (orchestrator.lab.vm_guest)
-# with the host's own interpreter and repository. busybox applets are used only here.
-/bin/busybox --install -s /bin
+# what every initramfs of the lab starts with (this one's and the disk guests' firmware's): busybox's applets,
+# the kernel's file systems, the console
+INIT_PROLOGUE = r"""/bin/busybox --install -s /bin
 export PATH=/bin
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 exec </dev/console >/dev/console 2>&1
-fail() { echo "tcplab-init: FAILED: $*"; poweroff -f; }
+"""
+INIT_SCRIPT = r"""#!/bin/busybox sh
+# tcplab VM guest, stage 1 (initramfs): modules; the host's root file system read-only; tmpfs for the
+# writable directories; then switch_root into that view and exec stage 2 (orchestrator.lab.vm_guest)
+# with the host's own interpreter and repository. busybox applets are used only here.
+""" + INIT_PROLOGUE + r"""fail() { echo "tcplab-init: FAILED: $*"; poweroff -f; }
 rel=$(uname -r)
 for m in $(cat /etc/tcplab/load); do insmod "/lib/modules/$rel/$m" || fail "insmod $m"; done
 share=; guest=; python=; repo=; keep=
