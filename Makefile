@@ -8,8 +8,9 @@ TCPLAB := $(VENV)/bin/tcplab
 KERNEL_BUILD_PKGS := flex bison bc libelf-dev libssl-dev dwarves rsync cpio kmod dpkg-dev git patch xz-utils
 APT_PKGS := iproute2 iputils-ping iperf3 tcpdump ethtool tshark python3 python3-venv python3-dev gcc make postgresql chromium \
 	$(KERNEL_BUILD_PKGS)
-# the VM lab (`tcplab lab up --kind vm`): QEMU for the aqm guest, busybox for its initramfs
-VM_APT_PKGS := qemu-system-x86 busybox-static
+# the VM lab (`tcplab lab up --kind vm`): QEMU for the aqm guest, busybox for its initramfs; disk guests
+# (`--disk`): debootstrap for their base image, e2fsprogs (mkfs.ext4 -d, debugfs), ssh for Ansible
+VM_APT_PKGS := qemu-system-x86 busybox-static debootstrap e2fsprogs openssh-client
 PG_ADMIN_URL ?= postgresql://postgres@127.0.0.1:5432/postgres
 
 .PHONY: setup apt vm-deps venv postgres demo test lint clean

@@ -8,6 +8,7 @@ network namespace; only then does the kernel become the default boot entry.
 """
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from orchestrator.inventory import InventoryError
 from orchestrator.inventory_ini import ansible_hosts, host_roles, load_ini_inventory
 from orchestrator.kernel import cache
 from orchestrator.lab import grubenv, vm_image
+from schemas.qdiscs import KINDS
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,18 @@ class KernelTarget:
     def extravar(self, modules: list[str], ccs: list[str], qdiscs: list[str]) -> dict:
         return {"release": self.release, "variant": self.variant, "build_key": self.build_key,
                 "title_prefix": grubenv.debian_title(""), "packages": [str(p) for p in self.packages],
-                "modules": modules, "ccs": ccs, "qdiscs": qdiscs}
+                "modules": modules, "ccs": ccs, "qdiscs": [qdisc_probe(q) for q in qdiscs]}
+
+
+def qdisc_probe(kind: str) -> dict:
+    """The tc arguments that create `kind` as a root qdisc: the agent's own capability probe's (one definition
+    per kind, schemas/qdiscs/)."""
+    if kind not in KINDS:
+        raise InventoryError(f"--qdisc {kind}: not a qdisc kind tcplab knows ({', '.join(sorted(KINDS))})")
+    probe = KINDS[kind].probe
+    if probe is None:
+        raise InventoryError(f"--qdisc {kind}: tc cannot create it (configured over netlink); a run checks it")
+    return {"kind": probe[0], "args": " ".join(shlex.quote(a) for a in probe[1:])}
 
 
 def resolve(target: str, cache_root: Path = cache.DEFAULT_ROOT) -> KernelTarget:

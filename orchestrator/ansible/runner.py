@@ -90,6 +90,11 @@ def run_playbook(name: str, inventory: Path, extravars: dict, limit: str | None 
                 elif status in ("failed", "unreachable"):
                     result.failed.setdefault(host, []).append(f"{task}: {_message(res)}")
                     progress.console.print(f"  [red]{host}: {status}: {task}: {_message(res)}[/red]")
+            elif kind in ("runner_item_on_failed", "runner_item_on_unreachable"):
+                res = data.get("res", {})
+                item = res.get("_ansible_item_label", res.get("item", "?"))
+                result.failed.setdefault(host, []).append(f"{task} [{item}]: {_message(res)}")
+                progress.console.print(f"  [red]{host}: failed: {task} [{item}]: {_message(res)}[/red]")
             elif kind == "playbook_on_stats":
                 for key, out in (("ok", "ok"), ("changed", "changed"), ("failures", "failures"),
                                  ("dark", "unreachable")):

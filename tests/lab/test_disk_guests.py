@@ -104,7 +104,7 @@ def test_kernel_install_boots_once_verifies_pins_and_a_run_records_it(disk_lab, 
     result = kernel_install.install(ini, target, ["aqm"], Console(), modules=["sch_netem"], ccs=["dctcp"],
                                     qdiscs=["netem", "fq_codel", "red"])
     took = time.monotonic() - started
-    print(f"kernel install {target.release}: {took:.1f} s; tasks: {result.task_s.get('tcplab-aqm')}")
+    print(f"kernel install {target.release}: {took:.1f} s; tasks: {result.task_s}")
     assert result.ok, result.failed
     boots = [json.loads(line) for line in (state_dir / "vm-aqm" / "boots.jsonl").read_text().splitlines()]
     assert (boots[-1]["release"], boots[-1]["why"]) == (target.release, "next_entry (one-shot)")
