@@ -96,6 +96,8 @@ def calibrate_lab_guests(state_inventory: Path, console: Console) -> dict[str, i
 
     doc = json.loads(state_inventory.read_text())
     inv = load_inventory(state_inventory)
+    roles = [r for r in (doc.get("vm") or {}).get("roles", []) if inv.hosts[r].ssh]
+    asyncio.run(_wait_for_agents(inv, roles))     # e.g. just rebooted by kernel-install.yml
     out = {}
     for role in (doc.get("vm") or {}).get("roles", []):
         if not inv.hosts[role].ssh:

@@ -328,12 +328,16 @@ def down(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX) -> list[str]:
     return removed
 
 
-def _guest_links(state_dir: Path, role: str) -> dict[str, tuple[str, list[str]]]:
+def _guest_links(state_dir: Path, role: str, inv: dict) -> dict[str, tuple[str, list[str]]]:
+    argv = ["ip", "-j", "-br", "addr", "show"]
     try:
-        out = guest_exec(["ip", "-j", "-br", "addr", "show"], state_dir, timeout_s=5, role=role).stdout
+        if inv["hosts"][role].get("ssh"):          # a disk guest: over SSH
+            out = procs.run(vm_disk_lab.ssh_argv(inv, role, argv), check=False, timeout=15).stdout
+        else:
+            out = guest_exec(argv, state_dir, timeout_s=5, role=role).stdout
         return {lk["ifname"]: (lk["operstate"], [a["local"] for a in lk.get("addr_info", [])])
                 for lk in json.loads(out or "[]")}
-    except (LabError, ValueError, KeyError):
+    except (LabError, ValueError, KeyError, procs.CommandFailed):
         return {}
 
 
@@ -354,7 +358,7 @@ def status(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX) -> dict:
         alive = bool(qemu and _verified(qemu, str(state_dir)))
         vm["guests"][role] = {"pid": qemu, "alive": alive, "console": v["guests"][role]["console"]}
         agents.append({"role": role, "pid": None, "alive": alive, "agent": inv["hosts"][role]["agent"]})
-        seen = _guest_links(state_dir, role) if alive else {}
+        seen = _guest_links(state_dir, role, inv) if alive else {}
         for ifname, i in inv["hosts"][role]["interfaces"].items():
             state, addrs = seen.get(ifname, ("?", [i["addr"]]))
             st["links"].append({"namespace": f"vm:{prefix}-{role}", "ifname": ifname, "state": state, "addr": addrs})

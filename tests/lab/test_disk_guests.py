@@ -50,8 +50,9 @@ def disk_lab(tmp_path_factory):
     finally:
         try:    # the post-mortem: what the guest's agent said
             doc = json.loads((state_dir / "inventory.json").read_text())
-            print(procs.run(ssh_argv(doc, "aqm", ["journalctl", "-u", "tcplab-agent", "-n", "25", "--no-pager"]),
-                            check=False, timeout=60).stdout)
+            for argv in (["systemctl", "status", "--no-pager", "tcplab-agent", "tcplab-tuning"],
+                         ["journalctl", "-b", "-u", "tcplab-agent", "-n", "25", "--no-pager"]):
+                print(procs.run(ssh_argv(doc, "aqm", argv), check=False, timeout=60).stdout)
         except (OSError, ValueError, KeyError, procs.CommandFailed) as exc:
             print(f"(no agent journal: {exc})")
         vm.down(state_dir, PREFIX)
