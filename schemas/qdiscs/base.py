@@ -174,6 +174,9 @@ class QdiscKind(Generic[StageT]):
     """kinds stock tc cannot configure (tcplab's own modules): the raw TCA_OPTIONS the agent sends in an
     RTM_NEWQDISC instead of running tc (schemas/rawqdisc.py); `params` is then None. Their read-back is the
     kernel's dump of the options, under "netlink" ({options_hex, xstats_hex}) in the read-back document"""
+    netlink_nested: bool = False
+    """netlink kinds whose qdisc parses TCA_OPTIONS with nla_parse_nested (not _deprecated): the nest must carry
+    NLA_F_NESTED or the kernel refuses it (EINVAL; dualpi2)"""
     kernel_kind: str | None = None
     """the kernel's name of the kind (TCA_KIND, what tc prints) when it is not the stage's"""
     xstats: Callable[[bytes], dict] | None = None
