@@ -96,6 +96,7 @@ def test_a_dualpi2_plan_runs_through_the_agent(dualpi2_plan_lab, tmp_path):
         assert len(rows) > 1000
         assert dict(ecn_in).get(ECT0, 0) >= 0.99 * sum(n for _, n in ecn_in)
         assert ce + dropped > 0
+        assert 5 < ms[len(ms) // 2] < 3 * 15     # the PI holds the classic queue near its 15 ms target
         # the qdisc stats artifact: the poller decoded dualpi2's xstats (the last sample)
         (meta,) = conn.execute(text("SELECT meta FROM artifact WHERE run_id = :r AND host = 'aqm' AND kind = "
                                     "'qdisc_stats'"), {"r": run.run_id}).scalars().all()
