@@ -201,13 +201,7 @@ NETLINK_CHANGES = [(name, field) for name, (stage, _) in sorted(NETLINK_SAMPLES.
 @pytest.mark.parametrize(("name", "field"), NETLINK_CHANGES)
 def test_a_changed_netlink_option_is_reported(name: str, field: str) -> None:
     stage, shown = NETLINK_SAMPLES[name]
-    reported = []
-    for value in _alternatives(stage, field):
-        try:
-            changed = type(stage).model_validate({**stage.model_dump(), field: value})
-        except ValidationError:
-            continue
-        reported.append(option_differences(changed, shown))
+    reported = _changed_readbacks(stage, field, shown)
     assert reported, f"no valid alternative value for {field}"
     assert any(reported), f"{name}: changing {field} is not reported by the read-back"
 
@@ -292,16 +286,21 @@ CHANGES = [(f, name) for f in ALL_FIXTURES for name in type(f.stage).model_field
            if name != "kind" and name not in KINDS[f.stage.kind].unseen]
 
 
-@pytest.mark.parametrize(("f", "name"), CHANGES, ids=lambda x: str(x))
-def test_a_changed_option_is_reported(f: Fixture, name: str) -> None:
-    doc, reported = shown(f), []
-    for value in _alternatives(f.stage, name):
+def _changed_readbacks(stage, name: str, doc: dict) -> list[list[str]]:
+    """The read-back's differences for each valid alternative value of one field (doc shows `stage`)."""
+    reported = []
+    for value in _alternatives(stage, name):
         try:
-            changed = f.stage.model_copy(update={name: value})
-            type(f.stage).model_validate(changed.model_dump())
+            changed = type(stage).model_validate({**stage.model_dump(), name: value})
         except ValidationError:
             continue
         reported.append(option_differences(changed, doc))
+    return reported
+
+
+@pytest.mark.parametrize(("f", "name"), CHANGES, ids=lambda x: str(x))
+def test_a_changed_option_is_reported(f: Fixture, name: str) -> None:
+    reported = _changed_readbacks(f.stage, name, shown(f))
     assert reported, f"no valid alternative value for {name}"
     assert any(reported), f"{f}: changing {name} is not reported by the read-back"
 
