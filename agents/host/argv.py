@@ -22,7 +22,8 @@ tc_handle = handle_text   # a netlink 32-bit handle as tc prints it: "1:", "1:1"
 
 @dataclass(frozen=True)
 class RawQdisc:
-    """A qdisc stock tc cannot configure (a kind of tcplab's own modules): an RTM_NEWQDISC with these raw
+    """A qdisc stock tc cannot configure (aqm_mark of tcplab's own modules; dualpi2, which iproute2 knows only
+    from 6.17 on): an RTM_NEWQDISC with these raw
     TCA_OPTIONS bytes (schemas/rawqdisc.configure); `nested`: with NLA_F_NESTED on the nest (the kind's
     `netlink_nested`)."""
 
