@@ -1,10 +1,11 @@
-"""Qdiscs that tc cannot configure or print (kinds of tcplab's own modules, e.g. `aqm_mark`): an RTM_NEWQDISC
-with raw TCA_OPTIONS bytes, and a qdisc dump that returns their options and xstats as the kernel's bytes (hex).
-Effects (pyroute2, netlink); the bytes themselves are each kind's pure encoder (schemas/qdiscs/mark_netlink.py).
+"""Qdiscs that tc cannot configure or print (kinds of tcplab's own modules, e.g. `aqm_mark`; `dualpi2` before
+iproute2 6.17): an RTM_NEWQDISC with raw TCA_OPTIONS bytes, and a qdisc dump that returns their options and
+xstats as the kernel's bytes (hex). Effects (pyroute2, netlink); the bytes themselves are each kind's pure
+encoder (schemas/qdiscs/mark_netlink.py, dualpi2_netlink.py).
 
-One implementation for the agent's apply and read-back (agents/host/) and the manager's command-line tool
-(orchestrator/kernel/mark_nl.py). pyroute2 passes the options of a kind it does not know through as bytes and
-shows them back as hex ("08:00:01:00"), which is what is recorded.
+One implementation for the agent's apply and read-back (agents/host/) and the manager's command-line tools
+(orchestrator/kernel/mark_nl.py, dualpi2_nl.py). pyroute2 passes the options of a kind it does not know through
+as bytes and shows them back as hex ("08:00:01:00"), which is what is recorded.
 """
 from __future__ import annotations
 

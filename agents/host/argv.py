@@ -22,14 +22,17 @@ tc_handle = handle_text   # a netlink 32-bit handle as tc prints it: "1:", "1:1"
 
 @dataclass(frozen=True)
 class RawQdisc:
-    """A qdisc stock tc cannot configure (a kind of tcplab's own modules): an RTM_NEWQDISC with these raw
-    TCA_OPTIONS bytes (schemas/rawqdisc.configure)."""
+    """A qdisc stock tc cannot configure (aqm_mark of tcplab's own modules; dualpi2, which iproute2 knows only
+    from 6.17 on): an RTM_NEWQDISC with these raw
+    TCA_OPTIONS bytes (schemas/rawqdisc.configure); `nested`: with NLA_F_NESTED on the nest (the kind's
+    `netlink_nested`)."""
 
     dev: str
     parent: str
     handle: str
     kind: str
     options: bytes
+    nested: bool = False
 
 
 def stage_params(stage: QdiscStage) -> list[str]:
@@ -51,7 +54,7 @@ def chain_argv(dev: str, stages: list[QdiscStage]) -> list[list[str] | RawQdisc]
         where = ["root"] if i == 0 else ["parent", f"{i}:1"]
         kind = kind_of(stage)
         if kind.netlink is not None:
-            cmds.append(RawQdisc(dev, where[-1], f"{i + 1}:", kind.tc_kind, kind.netlink(stage)))
+            cmds.append(RawQdisc(dev, where[-1], f"{i + 1}:", kind.tc_kind, kind.netlink(stage), kind.netlink_nested))
             continue
         cmds.append(["tc", "qdisc", "add", "dev", dev, *where, "handle", f"{i + 1}:", *stage_params(stage)])
         class_params = kind_of(stage).class_params

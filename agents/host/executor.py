@@ -216,7 +216,8 @@ class HostStateExecutor:
         for step in chain_argv(dev, list(ifstate.qdiscs)):
             try:
                 if isinstance(step, RawQdisc):
-                    rawqdisc.configure(step.dev, step.parent, step.handle, step.kind, step.options)
+                    rawqdisc.configure(step.dev, step.parent, step.handle, step.kind, step.options,
+                                       nested_flag=step.nested)
                 else:
                     procs.run(step)
             except procs.CommandFailed as exc:

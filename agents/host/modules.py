@@ -65,8 +65,26 @@ def loadable(dirs: Iterable[Path], allowed: Iterable[str]) -> list[str]:
                    if ko.stem in ok and MODULE_NAME.fullmatch(ko.stem)})
 
 
+def builtin_modules(text: str) -> set[str]:
+    """The names in a kernel's modules.builtin ("kernel/net/sched/sch_dualpi2.ko" per line), as the kernel
+    names modules (dashes read as underscores)."""
+    return {Path(line.strip()).name.removesuffix(".ko").replace("-", "_") for line in text.splitlines()
+            if line.strip()}
+
+
+def is_builtin(module: str) -> bool:
+    """Built into the running kernel (a tcplab kernel build with CONFIG_NET_SCH_DUALPI2=y): nothing to load, and
+    /sys/module has no entry for a built-in module without parameters."""
+    try:
+        text = (Path("/lib/modules") / os.uname().release / "modules.builtin").read_text()
+    except OSError:
+        return False
+    return module in builtin_modules(text)
+
+
 def is_loaded(module: str) -> bool:
-    return module_dir(module).exists()
+    """Loaded, or built in (so loading it is neither needed nor possible)."""
+    return module_dir(module).exists() or is_builtin(module)
 
 
 def load(module: str, params: Mapping[str, str], dirs: Iterable[Path]) -> bool:

@@ -20,6 +20,14 @@ from schemas.qdiscs import KINDS
 
 # TCA_KIND of the kinds stock tc cannot print: read back over netlink
 RAW_KINDS = frozenset(k.tc_kind for k in KINDS.values() if k.netlink is not None)
+# what the read-back keeps of each (protocol.InterfaceReadback.raw_qdiscs): the kernel's bytes; the counters
+# rawqdisc.dump adds (`stats`) are tc's JSON's already
+RAW_READBACK_KEYS = ("handle", "parent", "kind", "options_hex", "xstats_hex")
+
+
+def raw_readback(dumped: list[dict]) -> list[dict[str, str]]:
+    """rawqdisc.dump's entries as the read-back records them."""
+    return [{k: q[k] for k in RAW_READBACK_KEYS} for q in dumped]
 
 
 # iproute2 6.1 prints the options of a kind it has no module for as text even with -j, which breaks the JSON:
@@ -86,7 +94,8 @@ def read_interface(dev: str) -> InterfaceReadback:
         driver=read_driver(dev),
         coalesce=coalesce, pause=pause, unsupported=unsupported,
         neighbours=read_neighbours(dev),
-        raw_qdiscs=rawqdisc.dump(dev, RAW_KINDS) if any(q.get("kind") in RAW_KINDS for q in qdiscs) else [],
+        raw_qdiscs=raw_readback(rawqdisc.dump(dev, RAW_KINDS)) if any(q.get("kind") in RAW_KINDS for q in qdiscs)
+        else [],
     )
 
 

@@ -9,7 +9,8 @@ sch_dualpi2 is loaded (a VM-lab guest on 7.2: `vm.guest_exec([python, "-m", "orc
     python -m orchestrator.kernel.dualpi2_nl watch --dev to-client --every 0.1 --count 300   # JSON lines
 
 add/change print the read-back with `mismatches` (what the kernel holds differently from what was sent;
-empty when the read-back is what was asked). The agent's apply path does not use it yet (docs/modules.md).
+empty when the read-back is what was asked). A plan's `dualpi2` stage goes the same way through the agent
+(schemas/qdiscs/dualpi2.py: the same encoder, the same request, the same flag).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import time
 
 from schemas import rawqdisc
 from schemas.qdiscs import dualpi2_netlink as dn
+from schemas.qdiscs.dualpi2 import DUALPI2
 
 
 def show(dev: str) -> list[dict]:
@@ -36,7 +38,7 @@ def show(dev: str) -> list[dict]:
 
 def apply(dev: str, parent: str, handle: str, values: dict[int, int], command: str = "add") -> list[dict]:
     """Send `values` (dualpi2_netlink attributes) and read back; each entry gets `mismatches`."""
-    rawqdisc.configure(dev, parent, handle, dn.KIND, dn.encode(values), command, nested_flag=True)
+    rawqdisc.configure(dev, parent, handle, dn.KIND, dn.encode(values), command, nested_flag=DUALPI2.netlink_nested)
     shown = show(dev)
     for q in shown:
         q["mismatches"] = dn.readback_mismatches(values, q["options"])

@@ -171,9 +171,12 @@ class QdiscKind(Generic[StageT]):
     pending: str | None = None
     """why this agent version cannot apply the kind yet; its argv, read-back and probe are then None"""
     netlink: Callable[[StageT], bytes] | None = None
-    """kinds stock tc cannot configure (tcplab's own modules): the raw TCA_OPTIONS the agent sends in an
+    """kinds stock tc cannot configure (tcplab's own modules; dualpi2): the raw TCA_OPTIONS the agent sends in an
     RTM_NEWQDISC instead of running tc (schemas/rawqdisc.py); `params` is then None. Their read-back is the
     kernel's dump of the options, under "netlink" ({options_hex, xstats_hex}) in the read-back document"""
+    netlink_nested: bool = False
+    """netlink kinds whose qdisc parses TCA_OPTIONS with nla_parse_nested (not _deprecated): the nest must carry
+    NLA_F_NESTED or the kernel refuses it (EINVAL; dualpi2)"""
     kernel_kind: str | None = None
     """the kernel's name of the kind (TCA_KIND, what tc prints) when it is not the stage's"""
     xstats: Callable[[bytes], dict] | None = None

@@ -29,9 +29,12 @@ marks among them), s32 credit, u32 memory_used, max_memory_used, memory_limit.
 from __future__ import annotations
 
 import struct
+from typing import TYPE_CHECKING
 
 from schemas.qdiscs import nla
-from schemas.qdiscs.dualpi2 import DualPi2
+
+if TYPE_CHECKING:   # dualpi2.py builds its kind from the encoder below
+    from schemas.qdiscs.dualpi2 import DualPi2
 
 KIND = "dualpi2"
 (LIMIT, MEMORY_LIMIT, TARGET, TUPDATE, ALPHA, BETA, STEP_THRESH_PKTS, STEP_THRESH_US, MIN_QLEN_STEP, COUPLING,
@@ -81,6 +84,10 @@ def values_for(stage: DualPi2) -> dict[int, int]:
         v[TARGET] = _us(stage.target_ns, "target_ns")
     if stage.tupdate_ns is not None:
         v[TUPDATE] = _us(stage.tupdate_ns, "tupdate_ns")
+    if stage.alpha is not None:
+        v[ALPHA] = stage.alpha
+    if stage.beta is not None:
+        v[BETA] = stage.beta
     if stage.step_thresh_ns is not None:
         v[STEP_THRESH_US] = _us(stage.step_thresh_ns, "step_thresh_ns")
     if stage.coupling_factor is not None:
@@ -127,10 +134,21 @@ def kernel_holds(kind: int, value: int) -> int:
     return value
 
 
+def held(asked: dict[int, int]) -> dict:
+    """What a dump (decode_options' names and types) shows for what was sent (encode's {attribute: value}):
+    each attribute as the kernel keeps it (kernel_holds)."""
+    return decode_options(encode({k: kernel_holds(k, v) for k, v in asked.items()}))
+
+
+def held_options(stage: DualPi2) -> dict:
+    """What the kernel's dump shows for a plan's stage: every attribute the stage sets, as the kernel keeps it."""
+    return held(values_for(stage))
+
+
 def readback_mismatches(asked: dict[int, int], shown: dict) -> list[str]:
     """What a dump (decode_options) says differently from what the kernel should hold for what was sent
     (encode's {attribute: value}, through kernel_holds)."""
-    expected = decode_options(encode({k: kernel_holds(k, v) for k, v in asked.items()}))
+    expected = held(asked)
     return [f"{name}: asked {want!r}, kernel has {shown.get(name)!r}" for name, want in expected.items()
             if shown.get(name) != want]
 

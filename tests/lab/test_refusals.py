@@ -74,15 +74,38 @@ def test_dctcp_plan_is_refused_on_a_kernel_without_dctcp(lab, tmp_path):
 MARK_PLAN = VM_PLAN.parent / "mark.yaml"
 
 
+def refusal(plan: Path, state_dir: Path, tmp_path: Path) -> str:
+    """`tcplab run PLAN` on the netns lab, which must refuse every run before touching a host: its message."""
+    rc, message = run_plan_quietly(plan, f"sqlite:///{tmp_path / 'refused.db'}", state_dir, tmp_path / "results")
+    print(message)
+    assert rc == 3, message
+    assert "refused before touching any host" in message
+    return message
+
+
 def test_mark_plan_is_refused_where_no_agent_can_load_the_studys_modules(lab, tmp_path):
     """The netns lab's agents have no --module-dir and this kernel loads no modules: the `mark` queue and the
     cc of tcp_dctcp_flaws are refused before any host is touched, naming host, kernel and module."""
     inv, state_dir = lab
-    rc, message = run_plan_quietly(MARK_PLAN, f"sqlite:///{tmp_path / 'refused.db'}", state_dir, tmp_path / "results")
-    print(message)
+    message = refusal(MARK_PLAN, state_dir, tmp_path)
     release = os.uname().release
-    assert rc == 3, message
-    assert "refused before touching any host" in message
     assert (f"host aqm (kernel {release}) lacks qdisc mark (module sch_aqm_mark: not loaded, and not in the module "
             "directories of this host's agent, --module-dir)") in message
     assert f"host server (kernel {release}) lacks congestion control dctcp_flaws" in message
+
+
+DUALPI2_PLAN = VM_PLAN.parent / "dualpi2.yaml"
+
+
+def test_dualpi2_plan_is_refused_where_no_agent_can_create_the_qdisc(lab, tmp_path):
+    """This kernel has no dualpi2 and the netns lab's agents no --module-dir: the plan's dualpi2 stage is refused
+    before any host is touched, naming host, kernel, qdisc and module."""
+    inv, state_dir = lab
+    aqm_ns = inv.hosts["aqm"].namespace
+    dev = inv.hosts["aqm"].iface_toward("client")
+    before = _host_view(aqm_ns, dev)
+    message = refusal(DUALPI2_PLAN, state_dir, tmp_path)
+    release = os.uname().release
+    assert (f"host aqm (kernel {release}) lacks qdisc dualpi2 (module sch_dualpi2: not loaded, and not in the module "
+            "directories of this host's agent, --module-dir)") in message
+    assert _host_view(aqm_ns, dev) == before

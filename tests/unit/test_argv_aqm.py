@@ -45,8 +45,6 @@ def test_netem_jitter_distribution_and_loss() -> None:
     (Cake(bandwidth_bit=20_000_000, flow_mode="flows", diffserv="besteffort"),
      ["cake", "bandwidth", "20000000bit", "flows", "besteffort", "no-ack-filter"]),
     (Cake(), ["cake", "unlimited", "no-ack-filter"]),
-    (DualPi2(step_thresh_ns=1_000_000, ecn_mask="l4s_ect", split_gso=True),
-     ["dualpi2", "step_thresh", "1000us", "l4s_ect", "split_gso"]),
     (Fq(initial_quantum_bytes=50_000, maxrate_bit=50_000_000, pacing=False),
      ["fq", "initial_quantum", "50000", "maxrate", "50000000bit", "nopacing"]),
 ])
@@ -69,6 +67,17 @@ def test_aqms_are_leaves_and_mark_goes_over_netlink_not_tc() -> None:
     assert mark == RawQdisc("to-client", "2:1", "3:", "aqm_mark", bytes.fromhex(
         "0800010000000000" "0800020000000000" "0c000300" "80841e0000000000" "0c00040000000000" "00000000"
         "08000500e8030000" "0500060001000000" "0c00070000000000" "00000000"))
+
+
+def test_dualpi2_goes_over_netlink_with_the_nested_flag() -> None:
+    _, _, dualpi2 = chain_argv("to-client", [Htb(rate_bit=10_000_000, burst_bytes=2500),
+                                             DualPi2(limit_packets=1000, step_thresh_ns=1_000_000, coupling_factor=2,
+                                                     ecn_mask="l4s_ect", split_gso=True)])
+    # sch_dualpi2 parses TCA_OPTIONS with nla_parse_nested: without NLA_F_NESTED the kernel says EINVAL
+    assert dualpi2 == RawQdisc("to-client", "1:1", "2:", "dualpi2", bytes.fromhex(
+        "08000100e8030000" "08000800e8030000" "05000a0002000000" "05000e0001000000" "05000f0001000000"), nested=True)
+    (mark,) = chain_argv("x", [Mark(mode="step", min_ns=2_000_000, limit_packets=1000)])
+    assert mark.nested is False   # aqm_mark parses them with nla_parse_nested_deprecated, as sent since
 
 
 def test_red_probability_one_is_capped_below_the_u32_overflow() -> None:

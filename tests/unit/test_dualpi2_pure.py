@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from orchestrator.kernel import argv, modbuild
 from orchestrator.lab import apt_suite
@@ -57,10 +58,16 @@ def test_the_plan_stage_is_the_encoders_input():
     assert dn.options_for(stage) == dn.encode(ASKED)
     assert dn.values_for(DualPi2()) == {}   # unset: the kernel's defaults
     assert dn.values_for(DualPi2(ecn_mask="any_ect", split_gso=False)) == {dn.ECN_MASK: 3, dn.SPLIT_GSO: 0}
+    assert dn.values_for(DualPi2(alpha=41, beta=819)) == {dn.ALPHA: 41, dn.BETA: 819}
+    # what the kernel cannot take is refused by the stage (so a plan is refused when it is expanded) ...
+    for bad in ({"target_ns": 15_000_500}, {"step_thresh_ns": 1}, {"coupling_factor": 300}, {"alpha": 2**31}):
+        with pytest.raises(ValidationError):
+            DualPi2(**bad)
+    # ... and by the encoder, for a stage built without validation
     with pytest.raises(dn.Dualpi2NetlinkError, match="whole number of µs"):
-        dn.values_for(DualPi2(target_ns=15_000_500))
+        dn.values_for(DualPi2.model_construct(target_ns=15_000_500))
     with pytest.raises(dn.Dualpi2NetlinkError, match="u8"):
-        dn.values_for(DualPi2(coupling_factor=300))
+        dn.values_for(DualPi2.model_construct(coupling_factor=300))
 
 
 def test_what_the_kernel_holds_for_rounded_and_saturated_values():

@@ -1,8 +1,9 @@
 """The walk over every qdisc kind: each kind the registry, the `apply` contract or the plan accepts has all its
 parts (tc argv, expected read-back, buffer, probe, a read-back fixture), every stage field is compared on
 read-back or named as invisible to tc, and each kind's argv -> read-back round trip holds on literal `tc -j`
-output (tests/fixtures/tc/, see its README; htb_dualpi2 is constructed): the stage's argv is the fixture's
-command, its expected read-back matches the fixture, and changing any option makes the read-back report it.
+output (tests/fixtures/tc/, see its README): the stage's argv is the fixture's command, its expected read-back
+matches the fixture, and changing any option makes the read-back report it. Kinds tc cannot configure (the
+agent sends their netlink options: mark, dualpi2) do the same on the guest kernel's literal dump.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from schemas.qdiscs import (
 )
 from schemas.qdiscs.htb import class_readback
 from tests.unit.test_aqm_mark_pure import DUMP_EST_X86
+from tests.unit.test_dualpi2_pure import GUEST_DUMP
 
 ROOT = Path(__file__).resolve().parents[2]
 TC = ROOT / "tests" / "fixtures" / "tc"
@@ -83,16 +85,17 @@ FIXTURES: dict[str, list[Fixture]] = {
     "pie": [Fixture("htb_pie_ecn", "2:", Pie(ecn=True))],
     "fq_pie": [Fixture("htb_fq_pie", "2:", FqPie(ecn=False), ("no_ecn",))],
     "cake": [Fixture("htb_cake", "2:", Cake(bandwidth_bit=20_000_000), ("no-ack-filter",))],
-    "dualpi2": [Fixture("htb_dualpi2", "2:", DualPi2(limit_packets=5000, target_ns=20_000_000,
-                                                     tupdate_ns=16_000_000, step_thresh_ns=1_000_000,
-                                                     coupling_factor=2, ecn_mask="l4s_ect", split_gso=True))],
     "fq": [Fixture("fq_maxrate", "1:", Fq(maxrate_bit=50_000_000), ("pacing",))],
 }
 ALL_FIXTURES = [f for fixtures in FIXTURES.values() for f in fixtures]
 # kinds tc cannot configure (the agent sends their netlink options): a stage and the read-back document of
-# the guest kernel's literal dump of it (tests/unit/test_aqm_mark_pure.py: step, est, 2 ms, 1000 packets)
+# the guest kernel's literal dump of it (tests/unit/test_aqm_mark_pure.py: step, est, 2 ms, 1000 packets;
+# tests/unit/test_dualpi2_pure.py: limit 1000 and the defaults written out, alpha 41 dumped as 40)
+DUALPI2_SAMPLE = DualPi2(limit_packets=1000, target_ns=15_000_000, tupdate_ns=16_000_000, alpha=41, beta=819,
+                         step_thresh_ns=1_000_000, coupling_factor=2, ecn_mask="l4s_ect", split_gso=True)
 NETLINK_SAMPLES = {"mark": (Mark(mode="step", metric="est", min_ns=2_000_000, limit_packets=1000),
-                            {"kind": "aqm_mark", "netlink": {"options_hex": DUMP_EST_X86.hex()}})}
+                            {"kind": "aqm_mark", "netlink": {"options_hex": DUMP_EST_X86.hex()}}),
+                   "dualpi2": (DUALPI2_SAMPLE, {"kind": "dualpi2", "netlink": {"options_hex": GUEST_DUMP.hex()}})}
 
 
 def sample(name: str):
@@ -188,6 +191,23 @@ def test_the_agent_probes_every_kind_it_can_apply() -> None:
 def test_a_netlink_kind_reads_back_from_the_kernels_dump(name: str) -> None:
     stage, shown = NETLINK_SAMPLES[name]
     assert option_differences(stage, shown) == []
+    assert option_differences(stage, {"kind": shown["kind"], "netlink": None})   # no dump: reported, not passed
+
+
+NETLINK_CHANGES = [(name, field) for name, (stage, _) in sorted(NETLINK_SAMPLES.items())
+                   for field in type(stage).model_fields if field != "kind"]
+
+
+@pytest.mark.parametrize(("name", "field"), NETLINK_CHANGES)
+def test_a_changed_netlink_option_is_reported(name: str, field: str) -> None:
+    stage, shown = NETLINK_SAMPLES[name]
+    reported = _changed_readbacks(stage, field, shown)
+    assert reported, f"no valid alternative value for {field}"
+    assert any(reported), f"{name}: changing {field} is not reported by the read-back"
+
+
+def test_mark_options_are_named_when_they_differ() -> None:
+    stage, shown = NETLINK_SAMPLES["mark"]
     for field, other in (("min_ns", 3_000_000), ("metric", "sojourn"), ("limit_packets", 999), ("on_dequeue", False),
                          ("mode", "ramp")):
         extra = {"max_ns": 5_000_000} if field == "mode" else {}
@@ -251,7 +271,8 @@ def test_the_expected_readback_matches_the_fixture(f: Fixture) -> None:
 def _alternatives(stage, name: str) -> list:
     """Other values for one field: flipped flags, other literals, scaled or (unset ->) arbitrary numbers."""
     value, annotation = getattr(stage, name), type(stage).model_fields[name].annotation
-    literals = [a for t in (get_args(annotation) or (annotation,)) if get_origin(t) is Literal for a in get_args(t)]
+    members = (annotation,) if get_origin(annotation) is Literal else (get_args(annotation) or (annotation,))
+    literals = [a for t in members if get_origin(t) is Literal for a in get_args(t)]
     if literals:
         return [v for v in literals if v != value]
     if isinstance(value, bool) or bool in get_args(annotation) or annotation is bool:
@@ -265,25 +286,34 @@ CHANGES = [(f, name) for f in ALL_FIXTURES for name in type(f.stage).model_field
            if name != "kind" and name not in KINDS[f.stage.kind].unseen]
 
 
-@pytest.mark.parametrize(("f", "name"), CHANGES, ids=lambda x: str(x))
-def test_a_changed_option_is_reported(f: Fixture, name: str) -> None:
-    doc, reported = shown(f), []
-    for value in _alternatives(f.stage, name):
+def _changed_readbacks(stage, name: str, doc: dict) -> list[list[str]]:
+    """The read-back's differences for each valid alternative value of one field (doc shows `stage`)."""
+    reported = []
+    for value in _alternatives(stage, name):
         try:
-            changed = f.stage.model_copy(update={name: value})
-            type(f.stage).model_validate(changed.model_dump())
+            changed = type(stage).model_validate({**stage.model_dump(), name: value})
         except ValidationError:
             continue
         reported.append(option_differences(changed, doc))
+    return reported
+
+
+@pytest.mark.parametrize(("f", "name"), CHANGES, ids=lambda x: str(x))
+def test_a_changed_option_is_reported(f: Fixture, name: str) -> None:
+    reported = _changed_readbacks(f.stage, name, shown(f))
     assert reported, f"no valid alternative value for {name}"
     assert any(reported), f"{f}: changing {name} is not reported by the read-back"
 
 
 def test_a_changed_dualpi2_or_tbf_option_is_named() -> None:
-    dq = FIXTURES["dualpi2"][0]
-    assert option_differences(dq.stage.model_copy(update={"ecn_mask": "any_ect", "split_gso": False,
-                                                            "step_thresh_ns": 2_000_000}), shown(dq)) == [
-        "step_thresh 1000 != 2000", "ecn_mask l4s-ect != any-ect", "split_gso True != False"]
+    stage, dump = NETLINK_SAMPLES["dualpi2"]
+    assert option_differences(stage.model_copy(update={"ecn_mask": "any_ect", "split_gso": False, "alpha": 82,
+                                                       "step_thresh_ns": 2_000_000}), dump) == [
+        "alpha 40 != 81 (as the kernel rounds it)", "step_thresh_us 1000 != 2000", "ecn_mask l4s_ect != any_ect",
+        "split_gso True != False"]
+    # alpha 41 and beta 819 (the kernel's defaults) are dumped as 40 and 818, and compared as such
+    assert option_differences(stage.model_copy(update={"alpha": 40, "beta": 818}), dump) == [
+        "alpha 40 != 39 (as the kernel rounds it)", "beta 818 != 817 (as the kernel rounds it)"]
     tbf = FIXTURES["tbf"][1]
     assert option_differences(tbf.stage.model_copy(update={"burst_bytes": 65_536, "limit_bytes": 300_000}),
                                 shown(tbf)) == [

@@ -9,7 +9,7 @@ import pytest
 
 from agents.host import baseline
 from agents.host.errors import StateError
-from agents.host.modules import load_argv, loadable, module_file, param_words, unload_argv
+from agents.host.modules import builtin_modules, load_argv, loadable, module_file, param_words, unload_argv
 from orchestrator.engine.verify import capability_problems, readback_differences, stage_differences
 from orchestrator.plan import expand, load_plan
 from schemas import protocol
@@ -31,6 +31,13 @@ def test_load_argv_insmods_the_agents_file_else_modprobes(tmp_path: Path) -> Non
         "insmod", str(ko), "alpha_bits=20", "dctcp_shift_g=10"]
     assert load_argv("tcp_dctcp_flaws", {}, None) == ["modprobe", "tcp_dctcp_flaws"]
     assert unload_argv("sch_aqm_mark") == ["rmmod", "sch_aqm_mark"]
+
+
+def test_a_built_in_module_is_read_from_modules_builtin() -> None:
+    # lines of a tcplab kernel build's modules.builtin (CONFIG_NET_SCH_DUALPI2=y): such a module is never loaded
+    text = "kernel/net/sched/sch_dualpi2.ko\nkernel/net/ipv4/tcp_cubic.ko\nkernel/drivers/net/dummy-x.ko\n\n"
+    assert builtin_modules(text) == {"sch_dualpi2", "tcp_cubic", "dummy_x"}
+    assert builtin_modules("") == set()
 
 
 @pytest.mark.parametrize("value", ["1 2", "a\tb", '"x"', "x'", "a\\b", "", "é", "x" * 257])

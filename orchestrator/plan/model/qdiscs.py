@@ -33,6 +33,11 @@ def _bytes(s: PositiveSize | None) -> int | None:
     return s.value if s is not None else None
 
 
+def _per_256(hz: float | None) -> int | None:
+    """A rate in Hz as sch_dualpi2 takes it, in 1/256 Hz, to the nearest (0.16 Hz -> 41, its default)."""
+    return round(hz * 256) if hz is not None else None
+
+
 class PfifoQueue(Strict):
     kind: Literal["pfifo"] = _f("pfifo", "packet-limited FIFO (tail drop)", "pfifo")
     limit: int = _f(..., "queue limit in packets", 100, unit="packets", gt=0, le=1_000_000)
@@ -198,13 +203,18 @@ class DualPi2Queue(Strict):
     limit: int | None = _f(None, "packet limit (default 10000)", 10000, unit="packets", gt=0)
     target: PositiveTime | None = _f(None, "classic queue target (default 15ms)", "15ms")
     tupdate: PositiveTime | None = _f(None, "update interval (default 16ms)", "16ms")
+    alpha: float | None = _f(None, "PI integral gain (default 0.16 Hz; the kernel keeps it in 1/256 Hz)", 0.16,
+                             unit="Hz", gt=0)
+    beta: float | None = _f(None, "PI proportional gain (default 3.2 Hz; the kernel keeps it in 1/256 Hz)", 3.2,
+                            unit="Hz", gt=0)
     step_thresh: PositiveTime | None = _f(None, "L queue step marking threshold (default 1ms)", "1ms")
-    coupling_factor: int | None = _f(None, "coupling factor k (default 2)", 2, unit="ratio", gt=0)
+    coupling_factor: int | None = _f(None, "coupling factor k (default 2)", 2, unit="ratio", gt=0, le=255)
     ecn_mask: Literal["l4s_ect", "any_ect"] | None = _f(None, "which ECT goes to the L queue", "l4s_ect")
     split_gso: bool | None = _f(None, "split GSO super-packets", True)
 
     def state(self, mtu: int) -> kinds.QdiscStage:  # noqa: ARG002
         return kinds.DualPi2(limit_packets=self.limit, target_ns=_ns(self.target), tupdate_ns=_ns(self.tupdate),
+                          alpha=_per_256(self.alpha), beta=_per_256(self.beta),
                           step_thresh_ns=_ns(self.step_thresh), coupling_factor=self.coupling_factor,
                           ecn_mask=self.ecn_mask, split_gso=self.split_gso)
 
