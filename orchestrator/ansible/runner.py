@@ -49,7 +49,10 @@ class PlaybookResult:
 
 
 def _message(res: dict) -> str:
-    text = res.get("msg") or res.get("stderr") or res.get("stdout") or ""
+    msg = res.get("msg") or ""
+    # a failed command says "non-zero return code" and tells why on its stderr
+    text = (res.get("stderr") if msg == "non-zero return code" else None) or msg or res.get("stderr") \
+        or res.get("stdout") or ""
     return " ".join(str(text).split())[:400]
 
 
