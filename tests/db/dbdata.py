@@ -141,6 +141,9 @@ def make_run_ingest(run_id: str = "quickstart-0000", n_packets: int = 100_000, s
                    for h in ("client", "aqm")],
         evidence=[{"host": h, "phase": p, "data": {"kernel": "6.1.0", "sysctls": {"net.core.x": "1"}}}
                   for h in ("client", "aqm", "server") for p in ("hello", "apply")],
+        hosts=[{"host": h, "variant": "vanilla-6.1", "vanilla": True, "build_key": None, "release": "6.1.0-50-amd64",
+                "boot_id": f"{i:08x}-0000-4000-8000-000000000000", "installed_build_key": None}
+               for i, h in enumerate(("client", "aqm", "server"))],
         packets=[(POINTS[0], packets(half, rng)), (POINTS[1], packets(n_packets - half, rng))],
         conns=ConnRegistry(),
         qdelay=[(POINTS[0], qdelays(n_packets // 10, rng))],
