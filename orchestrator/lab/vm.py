@@ -168,7 +168,7 @@ def _prepare_guest_dir(state_dir: Path, role: str, token_file: Path, config: dic
     (gdir / "guest").mkdir(mode=0o700, exist_ok=True)
     shutil.copy(token_file, gdir / "guest" / "token")
     (gdir / "guest" / "guest.json").write_text(json.dumps(config, indent=2))
-    for stale in [*gdir.glob("*.sock"), gdir / "console.log", gdir / "boots.jsonl"]:
+    for stale in [*gdir.glob("*.sock"), *gdir.glob("console*.log"), gdir / "boots.jsonl"]:
         stale.unlink(missing_ok=True)
     return gdir
 

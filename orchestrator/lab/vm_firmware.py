@@ -7,7 +7,8 @@ that kernel's vmlinuz and its initrd.img from /boot -- or, where the guest made 
 run mkinitramfs: under TCG it costs minutes), a small initramfs holding busybox and the modules the root disk
 needs, taken from the guest's own /lib/modules/<release>. Then it starts QEMU and watches its QMP events: a
 guest reset (`reboot`, a panic) is a new power-on; a guest power-off or a signal ends the firmware.
-Every boot is appended to <guest dir>/boots.jsonl (time, release, why, fallback).
+Every boot is appended to <guest dir>/boots.jsonl (time, release, why, fallback, whose initrd, seconds to
+stage it); the console of the boots before the last is kept as console.<n>.log.
 """
 from __future__ import annotations
 
@@ -39,7 +40,9 @@ DISK_INIT = r"""#!/bin/busybox sh
 for m in $(cat /etc/tcplab/load); do insmod "/lib/modules/$rel/$m" 2>/dev/null; done
 i=0; while [ ! -b /dev/vda ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
 mkdir -p /newroot
-mount -t ext4 -o rw /dev/vda /newroot || { echo "tcplab-firmware: cannot mount /dev/vda"; poweroff -f; }
+# a kernel that cannot mount the root disk resets the machine, as a panic with panic=-1 does: the firmware then
+# boots the saved default (the one-shot entry is spent)
+mount -t ext4 -o rw /dev/vda /newroot || { echo "tcplab-firmware: cannot mount /dev/vda: reset"; sleep 1; reboot -f; }
 for d in dev proc sys; do mount --move "/$d" "/newroot/$d"; done
 exec switch_root /newroot /sbin/init
 """
@@ -48,6 +51,19 @@ exec switch_root /newroot /sbin/init
 def _say(gdir: Path, msg: str) -> None:
     line = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} firmware guest={gdir.name.removeprefix('vm-')} {msg}"
     print(line, file=sys.stderr, flush=True)
+
+
+KEEP_CONSOLES = 8
+EARLY_EXIT_S = 10.0
+
+
+def _keep_console(gdir: Path, boot: int) -> None:
+    """QEMU truncates console.log at each start: the previous boot's becomes console.<n>.log (the last few),
+    so a boot that failed can still be read after the fallback."""
+    console = gdir / "console.log"
+    if boot and console.exists():
+        console.rename(gdir / f"console.{boot - 1}.log")
+        (gdir / f"console.{boot - 1 - KEEP_CONSOLES}.log").unlink(missing_ok=True)
 
 
 def kernel_releases(disk: Path) -> list[str]:
@@ -71,6 +87,7 @@ def minimal_initramfs(disk: Path, release: str) -> bytes:
 
 def power_on(gdir: Path, disk: Path) -> tuple[Path, Path, dict]:
     """Choose and stage this boot's kernel and initrd (and consume a one-shot entry), as GRUB would."""
+    started = time.monotonic()
     block = vm_disk.read_file(disk, GRUBENV)
     env = grubenv.parse(block) if block else {}
     choice = grubenv.choose(env, kernel_releases(disk))
@@ -83,7 +100,7 @@ def power_on(gdir: Path, disk: Path) -> tuple[Path, Path, dict]:
     guest_initrd = vm_disk.read_file(disk, f"/boot/initrd.img-{choice.release}")
     initrd.write_bytes(guest_initrd or minimal_initramfs(disk, choice.release))
     record = {"time": time.time(), "release": choice.release, "why": choice.why, "fallback": choice.fallback,
-              "initrd": "guest" if guest_initrd else "firmware"}
+              "initrd": "guest" if guest_initrd else "firmware", "staged_s": round(time.monotonic() - started, 2)}
     with open(gdir / "boots.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")
     return vmlinuz, initrd, record
@@ -147,7 +164,7 @@ def main(gdir_arg: str) -> int:
             if failures >= 3:       # the one-shot entry is consumed: the retries went to the default
                 return 1
             continue
-        failures = 0
+        _keep_console(gdir, boot)
         _say(gdir, f"boot={boot} release={record['release']} why={record['why']!r} initrd={record['initrd']}"
                    + (f" fallback={record['fallback']!r}" if record["fallback"] else ""))
         qmp_path = gdir / "qmp.sock"
@@ -157,10 +174,20 @@ def main(gdir_arg: str) -> int:
         qemu = subprocess.Popen(argv, stdin=subprocess.DEVNULL, pass_fds=tuple(cfg.get("pass_fds", ())))
         watcher = QmpWatcher(qmp_path)
         watcher.start()
+        started = time.monotonic()
         rc = qemu.wait()
         watcher.join(timeout=2)
         if stopping:
             return 0
+        if rc != 0 and watcher.reason is None and time.monotonic() - started < EARLY_EXIT_S:
+            # QEMU refused the kernel (not a bootable image): a machine would hang in its boot loader until
+            # power-cycled; power on again -- the one-shot entry is spent, the default boots
+            failures += 1
+            _say(gdir, f"boot={boot} qemu exited rc={rc} before the guest ran: power-cycled")
+            if failures >= 3:
+                return 1
+            continue
+        failures = 0                 # the guest ran: a later failure starts counting afresh
         if watcher.reason != "guest-reset":
             _say(gdir, f"qemu exited rc={rc} reason={watcher.reason}: powered off")
             return 0 if watcher.reason == "guest-shutdown" else 1

@@ -26,9 +26,9 @@ from orchestrator.inventory import load_inventory
 from orchestrator.lab import grubenv, netns, vm, vm_disk, vm_image
 from orchestrator.lab.vm_disk_lab import ssh_argv
 from schemas import procs
-from tests.lab.conftest import run_lab_plan, skip_unless_vm_lab_can_run
+from tests.lab.conftest import TEST_PREFIX, run_lab_plan, skip_unless_vm_lab_can_run
 
-PREFIX = "tcplabdsk"
+PREFIX = f"{TEST_PREFIX}dk"[:12]
 REPO = Path(__file__).resolve().parents[2]
 NEW_KERNEL = "linux-image-6.12.*+deb12-amd64"
 pytestmark = pytest.mark.slow
@@ -126,3 +126,31 @@ def test_kernel_install_boots_once_verifies_pins_and_a_run_records_it(disk_lab, 
     with db.connect() as conn:
         rows = conn.execute(text("SELECT host, release, boot_id FROM run_host WHERE host = 'aqm'")).all()
     assert rows and all(r.release == target.release and r.boot_id == after.boot_id for r in rows), rows
+
+
+def test_a_kernel_that_cannot_boot_falls_back_to_the_saved_default(disk_lab):
+    """A one-shot entry naming a kernel that cannot mount the root disk (the running kernel's image under a
+    release that has no modules: no virtio_blk, no ext4) resets the guest, and the firmware boots the saved
+    default, as GRUB's next_entry does on a machine."""
+    inv, state_dir = disk_lab
+    doc = json.loads((state_dir / "inventory.json").read_text())
+    before = _hello(state_dir / "inventory.json").capabilities
+    broken = "9.9.9-tcplab-broken"
+    script = (f"cp /boot/vmlinuz-$(uname -r) /boot/vmlinuz-{broken} && "
+              f"grub-editenv /boot/grub/grubenv set 'next_entry={grubenv.debian_title(broken)}' && "
+              "(sleep 1; systemctl reboot) >/dev/null 2>&1 &")
+    procs.run(ssh_argv(doc, "aqm", ["sh", "-c", script]), timeout=60)
+    deadline = time.monotonic() + 300
+    boots = []
+    while time.monotonic() < deadline:
+        boots = [json.loads(line) for line in (state_dir / "vm-aqm" / "boots.jsonl").read_text().splitlines()]
+        if len(boots) >= 2 and boots[-2]["release"] == broken and boots[-1]["why"] == "saved_entry":
+            break
+        time.sleep(2)
+    assert boots[-2]["release"] == broken and boots[-2]["why"] == "next_entry (one-shot)", boots
+    assert (boots[-1]["release"], boots[-1]["why"]) == (before.kernel_release, "saved_entry"), boots
+    failed_console = (state_dir / "vm-aqm" / f"console.{len(boots) - 2}.log").read_text(errors="replace")
+    assert "cannot mount /dev/vda: reset" in failed_console
+    calibrate_lab_guests(state_dir / "inventory.json", Console())    # waits for the agent to be back
+    after = _hello(state_dir / "inventory.json").capabilities
+    assert after.kernel_release == before.kernel_release and after.boot_id != before.boot_id
