@@ -1,6 +1,6 @@
 """`ss -tinH` samples (the agent's ss_sample artifact) -> records.SS_SAMPLE rows. Pure.
 
-The artifact (agents/tasks.py SsSample) is the literal output of repeated `ss -tinH [filter]` polls,
+The artifact (agents/samplers.py SsSample) is the literal output of repeated `ss -tinH [filter]` polls,
 each preceded by a line `@ <start_ns> <end_ns>`: CLOCK_REALTIME just before the poll was started and
 just after it exited. Lines starting with `#` are comments. Each socket is two lines in iproute2
 6.x: `STATE RECV-Q SEND-Q LOCAL:PORT PEER:PORT`, then a line that starts with whitespace and holds

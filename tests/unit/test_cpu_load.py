@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agents.tasks import CpuLoad, make_runner
+from agents.samplers import CpuLoad
+from agents.tasks import make_runner
 from orchestrator.engine.bind import schedule_tasks, timeline
 from orchestrator.guards import cpu as guards
 from orchestrator.guards.cpu import kernel_groups

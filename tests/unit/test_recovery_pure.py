@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from agents.tasks import artifacts_disk_full
+from agents.taskbase import artifacts_disk_full
 from orchestrator.agent_client import artifact_name_problem
 from orchestrator.engine import marker
 from orchestrator.engine.recovery import pending_ingests

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from agents.tasks import SsSample, make_runner, ss_argv
+from agents.samplers import SsSample, ss_argv
+from agents.tasks import make_runner
 from orchestrator.engine.bind import schedule_tasks, timeline
 from orchestrator.ingest.ss import parse_ss_with_stats
 from orchestrator.inventory import Inventory
@@ -107,7 +108,7 @@ def test_real_poll_loop_is_bounded_by_stop_and_parses(tmp_path: Path) -> None:
 
 
 def test_an_overrun_past_the_end_counts_only_slots_before_it() -> None:
-    from agents.tasks import skipped_before
+    from agents.samplers import skipped_before
 
     assert skipped_before(100, 3, 50, 1_000) == 3          # all three slots were due
     assert skipped_before(900, 5, 50, 1_000) == 2          # 900 and 950; 1000.. were never due

@@ -1,0 +1,91 @@
+"""What every scheduled task shares: the start at an absolute CLOCK_REALTIME time, the state the manager
+polls, the artifact it leaves, and the check that the artifacts filesystem did not fill up under it."""
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from schemas import protocol
+
+
+async def sleep_until(t_ns: int) -> None:
+    delay = (t_ns - time.time_ns()) / 1e9
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+def realtime_minus_mono_ns() -> int:
+    """Offset to convert trace-clock `mono` stamps to CLOCK_REALTIME (sampled at start and end)."""
+    a = time.clock_gettime_ns(time.CLOCK_REALTIME)
+    m = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    b = time.clock_gettime_ns(time.CLOCK_REALTIME)
+    return (a + b) // 2 - m
+
+
+class TaskRunner:
+    kind = ""
+
+    def __init__(self, spec: Any, run_dir: Path):
+        self.spec = spec
+        self.run_dir = run_dir
+        self.state = "scheduled"
+        self.detail = ""
+        self.guard: str | None = None   # the guard a remark on a finished task belongs to
+        self.meta: dict[str, Any] = {}
+        self.stop_event = asyncio.Event()
+
+    @property
+    def task_id(self) -> str:
+        return self.spec.task_id
+
+    async def run(self) -> None:
+        await sleep_until(self.spec.start_ns)
+        self.state = "running"
+        try:
+            await self.execute()
+            self.state = "done"
+        except OSError as exc:
+            self.state, self.detail = "failed", (self._no_space() if exc.errno == errno.ENOSPC
+                                                 else f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # the failure is reported to the manager through status/collect
+            self.state, self.detail = "failed", f"{type(exc).__name__}: {exc}"
+        # a tool writing its artifact may ignore a failed write (tcpdump does): a full artifacts filesystem
+        # after the task means the artifact is truncated, whatever the tool said
+        if self.state == "done" and self.out_name and artifacts_disk_full(self.run_dir):
+            self.state, self.guard, self.detail = "failed", None, self._no_space()
+
+    def _no_space(self) -> str:
+        path = self.run_dir / self.out_name if self.out_name else self.run_dir
+        size = path.stat().st_size if path.is_file() else 0
+        return (f"no space left on device: the artifacts filesystem of {self.run_dir} is full; "
+                f"{path.name} is truncated at {size} bytes")
+
+    async def execute(self) -> None:
+        raise NotImplementedError
+
+    out_name = ""
+    artifact_kind = ""
+
+    def artifacts(self) -> list[tuple[Path, str]]:
+        path = self.run_dir / self.out_name
+        return [(path, self.artifact_kind or self.kind)] if self.out_name and path.exists() else []
+
+    def status(self) -> protocol.TaskStatus:
+        return protocol.TaskStatus(task_id=self.task_id, kind=self.kind, state=self.state, detail=self.detail,
+                                   guard=self.guard)
+
+
+DISK_FULL_BYTES = 64 * 1024
+
+
+def artifacts_disk_full(path: Path) -> bool:
+    """Whether the filesystem holding `path` has less than DISK_FULL_BYTES left for the agent."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < DISK_FULL_BYTES
