@@ -14,9 +14,9 @@ from pathlib import Path
 
 from rich.console import Console
 
+from orchestrator.ansible.provision import targets
 from orchestrator.ansible.runner import PlaybookResult, run_playbook
 from orchestrator.inventory import InventoryError
-from orchestrator.inventory_ini import ansible_hosts, host_roles, load_ini_inventory
 from orchestrator.kernel import cache
 from orchestrator.lab import grubenv, vm_image
 from schemas.qdiscs import KINDS
@@ -64,23 +64,10 @@ def resolve(target: str, cache_root: Path = cache.DEFAULT_ROOT) -> KernelTarget:
     raise InventoryError(f"{target!r} is neither a cached build (tcplab kernel ls) nor a linux-image package")
 
 
-def chosen_hosts(inventory: Path, roles: list[str] | None) -> dict[str, str]:
-    """Inventory host name -> role, for the roles asked (default: every host Ansible can reach)."""
-    inv = load_ini_inventory(inventory)
-    by_name = host_roles(ansible_hosts(inventory.resolve()))
-    unknown = sorted(set(roles or []) - set(by_name.values()))
-    if unknown:
-        raise InventoryError(f"{inventory}: no role {', '.join(unknown)} (have {', '.join(sorted(by_name.values()))})")
-    out = {n: r for n, r in by_name.items() if (not roles or r in roles) and inv.hosts[r].ssh}
-    if not out:
-        raise InventoryError(f"{inventory}: none of the hosts asked for has Ansible connection variables")
-    return out
-
-
 def install(inventory: Path, target: KernelTarget, roles: list[str] | None, console: Console,
             modules: list[str] = (), ccs: list[str] = (), qdiscs: list[str] = (),
             verify_only: bool = False) -> PlaybookResult:
-    hosts = chosen_hosts(inventory, roles)
+    _inv, hosts = targets(inventory, roles)
     what = "verify" if verify_only else "install"
     console.print(f"kernel {what}: {target.release} ({target.variant}"
                   f"{f', build {target.build_key[:12]}' if target.build_key else ''}) on "

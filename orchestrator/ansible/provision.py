@@ -21,17 +21,19 @@ from orchestrator.inventory import Inventory, InventoryError
 from orchestrator.inventory_ini import ansible_hosts, host_roles, load_ini_inventory
 from schemas import procs
 
-CLOCK_GOOD_NS = 250_000
 
-
-def targets(path: Path) -> tuple[Inventory, dict[str, str]]:
-    """The inventory and the hosts to provision (inventory host name -> role)."""
+def targets(path: Path, roles: list[str] | None = None) -> tuple[Inventory, dict[str, str]]:
+    """The inventory and the hosts the playbooks reach (inventory host name -> role): those of `roles`
+    (default: all) that carry Ansible connection variables."""
     inv = load_ini_inventory(path)
-    roles = host_roles(ansible_hosts(path.resolve()))
-    chosen = {name: role for name, role in roles.items() if inv.hosts[role].ssh}
+    by_name = host_roles(ansible_hosts(path.resolve()))
+    unknown = sorted(set(roles or []) - set(by_name.values()))
+    if unknown:
+        raise InventoryError(f"{path}: no role {', '.join(unknown)} (have {', '.join(sorted(by_name.values()))})")
+    chosen = {name: role for name, role in by_name.items() if (not roles or role in roles) and inv.hosts[role].ssh}
     if not chosen:
-        raise InventoryError(f"{path}: no host with Ansible connection variables (ansible_host ...): nothing to "
-                             "provision (the netns lab's hosts are namespaces of this machine)")
+        raise InventoryError(f"{path}: no host asked for has Ansible connection variables (ansible_host ...): "
+                             "nothing to do (the netns lab's hosts are namespaces of this machine)")
     return inv, chosen
 
 
@@ -73,25 +75,10 @@ def step_clock_argv(ssh_argv_prefix: list[str], delta_ns: int) -> list[str]:
     return [*ssh_argv_prefix, f"python3 -c '{code}'"]
 
 
-async def calibrate(inv: Inventory, role: str, ssh_prefix: list[str], rounds: int = 4) -> int:
-    """Measure a host's clock offset like the run engine does and step it over SSH until within 0.25 ms."""
-    client = AgentClient(role, inv.hosts[role].agent, inv.token, tls=inv.tls_context())
-    await client.connect("tcplab-provision")
-    try:
-        offset = 0
-        for _ in range(rounds):
-            offset, _rtt = await client.clock_offset_ns(samples=9)
-            if abs(offset) <= CLOCK_GOOD_NS:
-                break
-            procs.run(step_clock_argv(ssh_prefix, -offset), timeout=60)
-        return offset
-    finally:
-        await client.close()
-
-
 def calibrate_lab_guests(state_inventory: Path, console: Console) -> dict[str, int]:
     """A VM lab's disk guests: clocks stepped onto this machine's; offsets recorded in inventory.json."""
     from orchestrator.inventory import load_inventory
+    from orchestrator.lab import vm
     from orchestrator.lab.vm_disk_lab import ssh_argv
 
     doc = json.loads(state_inventory.read_text())
@@ -99,11 +86,11 @@ def calibrate_lab_guests(state_inventory: Path, console: Console) -> dict[str, i
     roles = [r for r in (doc.get("vm") or {}).get("roles", []) if inv.hosts[r].ssh]
     asyncio.run(_wait_for_agents(inv, roles))     # e.g. just rebooted by kernel-install.yml
     out = {}
-    for role in (doc.get("vm") or {}).get("roles", []):
-        if not inv.hosts[role].ssh:
-            continue
+    for role in roles:
         prefix = ssh_argv(doc, role, [])[:-1]          # ssh ... root@host --  (the command is added per step)
-        out[role] = asyncio.run(calibrate(inv, role, prefix))
+        out[role] = asyncio.run(vm.calibrate_clock(
+            doc, state_inventory.parent, role, step=lambda delta, p=prefix: procs.run(step_clock_argv(p, delta),
+                                                                                      timeout=60)))
         doc["vm"]["guests"][role]["clock_offset_ns"] = out[role]
         console.print(f"clock: {role} within {out[role] / 1e6:.3f} ms of this machine")
     state_inventory.write_text(json.dumps(doc, indent=2))

@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.agent_client import AgentClient
@@ -221,10 +222,15 @@ def _start(state_dir: Path, inv: dict, fds: list[int], timeout_s: float) -> dict
     return inv
 
 
-async def calibrate_clock(inv: dict, state_dir: Path, role: str, rounds: int = 4, good_ns: int = 250_000) -> int:
+async def calibrate_clock(inv: dict, state_dir: Path, role: str, rounds: int = 4, good_ns: int = 250_000,
+                          step: Callable[[int], object] | None = None) -> int:
     """Measure a guest's clock offset the way the run engine does (the agent's `clock` op) and step the
-    guest clock by it over the exec port, until it is within `good_ns`; returns the last offset.
-    (The boot-time sync through QEMU's guestfwd only gets within a few ms.)"""
+    guest clock by it, until it is within `good_ns`; returns the last offset. `step(delta_ns)` steps it
+    (default: over the exec port; a disk guest's goes over SSH). (The boot-time sync through QEMU's
+    guestfwd only gets within a few ms.)"""
+    if step is None:
+        def step(delta_ns: int) -> object:
+            return vm_guest.guest_request(vm_dir(state_dir, role) / EXEC_SOCKET, {"clock_step_ns": delta_ns})
     client = AgentClient(role, inv["hosts"][role]["agent"], Path(inv["token_file"]).read_bytes().strip())
     await client.connect("tcplab-lab")
     try:
@@ -232,7 +238,7 @@ async def calibrate_clock(inv: dict, state_dir: Path, role: str, rounds: int = 4
             offset, _rtt = await client.clock_offset_ns(samples=9)
             if abs(offset) <= good_ns:
                 break
-            vm_guest.guest_request(vm_dir(state_dir, role) / EXEC_SOCKET, {"clock_step_ns": -offset})
+            step(-offset)
         return offset
     finally:
         await client.close()

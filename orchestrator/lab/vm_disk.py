@@ -98,13 +98,9 @@ def read_file(image: Path, path: str) -> bytes | None:
     """A file of a stopped guest's disk (symlinks in the path resolved by debugfs), or None if absent."""
     with tempfile.TemporaryDirectory(prefix="tcplab-disk-") as tmp:
         out = Path(tmp) / "out"
+        # debugfs creates the output only for a file it found (a missing one: "File not found" on stderr)
         subprocess.run(["debugfs", "-R", f'dump "{path}" {out}', str(image)], capture_output=True, timeout=120)
-        return out.read_bytes() if out.exists() and _exists(image, path) else None
-
-
-def _exists(image: Path, path: str) -> bool:
-    r = subprocess.run(["debugfs", "-R", f'stat "{path}"', str(image)], capture_output=True, text=True, timeout=60)
-    return "File not found" not in r.stderr and "Inode:" in r.stdout
+        return out.read_bytes() if out.exists() else None
 
 
 def list_dir(image: Path, path: str) -> list[str]:
@@ -117,16 +113,18 @@ def list_dir(image: Path, path: str) -> list[str]:
 def overwrite_in_place(image: Path, path: str, data: bytes) -> None:
     """Overwrite an existing file's bytes where they lie, without a new inode or allocation -- how GRUB
     itself saves its environment block. `data` must have the file's length and fit in its first block."""
-    stat = subprocess.run(["debugfs", "-R", f'stat "{path}"', str(image)], capture_output=True, text=True,
-                          timeout=60).stdout
-    size = re.search(r"Size: (\d+)", stat)
+    with tempfile.NamedTemporaryFile("w", prefix="tcplab-debugfs-") as cmds:   # one debugfs run: size, blocks, fs
+        cmds.write(f'stat "{path}"\nblocks "{path}"\nstats\n')
+        cmds.flush()
+        out = subprocess.run(["debugfs", "-f", cmds.name, str(image)], capture_output=True, text=True,
+                             timeout=60).stdout
+    size = re.search(r"Size: (\d+)", out)
     if not size or int(size.group(1)) != len(data):
         found = size.group(1) if size else "none"
         raise LabError(f"{path} in {image}: expected a {len(data)}-byte file, found {found}")
-    blocks = subprocess.run(["debugfs", "-R", f'blocks "{path}"', str(image)], capture_output=True, text=True,
-                            timeout=60).stdout.split()
-    fs = subprocess.run(["debugfs", "-R", "stats", str(image)], capture_output=True, text=True, timeout=60).stdout
-    block_size = re.search(r"Block size:\s+(\d+)", fs)
+    listed = re.search(r"^debugfs: blocks .*\n([0-9 ]+)$", out, re.M)
+    blocks = listed.group(1).split() if listed else []
+    block_size = re.search(r"Block size:\s+(\d+)", out)
     if not blocks or not block_size or len(data) > int(block_size.group(1)):
         raise LabError(f"{path} in {image}: cannot locate its block")
     with open(image, "r+b") as f:
