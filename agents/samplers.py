@@ -66,19 +66,19 @@ class QdiscStats(TaskRunner):
 
         interval = self.spec.interval_ms * 1_000_000
         lines = [QDISC_CSV_HEADER]
-        xstats: dict[str, dict] = {}
+        last_xstats: dict[str, tuple[str, object]] = {}    # handle -> (kind, raw TCA_XSTATS) of the last sample
         with IPRoute() as ipr:
             idx = ipr.link_lookup(ifname=self.spec.interface)[0]
             nxt = time.time_ns()
             while nxt < self.spec.stop_ns:
                 ts = time.time_ns()
                 for q in ipr.get_qdiscs(index=idx):
-                    if (x := decoded_xstats(q.get_attr("TCA_KIND"), q.get_attr("TCA_XSTATS"))) is not None:
-                        xstats[tc_handle(q["handle"])] = x
+                    handle, kind = tc_handle(q["handle"]), q.get_attr("TCA_KIND")
+                    last_xstats[handle] = (kind, q.get_attr("TCA_XSTATS"))
                     st = q.get_attr("TCA_STATS2")
                     basic, queue = st.get_attr("TCA_STATS_BASIC"), st.get_attr("TCA_STATS_QUEUE")
                     parent = "root" if q["parent"] == 0xFFFFFFFF else tc_handle(q["parent"])
-                    lines.append(f"{ts},{tc_handle(q['handle'])},{parent},{q.get_attr('TCA_KIND')},"
+                    lines.append(f"{ts},{handle},{parent},{kind},"
                                  f"{basic['bytes']},{basic['packets']},{queue['drops']},"
                                  f"{queue['overlimits']},{queue['requeues']},{queue['backlog']},"
                                  f"{queue['qlen']}\n")
@@ -86,6 +86,8 @@ class QdiscStats(TaskRunner):
                 time.sleep(max(0.0, (nxt - time.time_ns()) / 1e9))
         (self.run_dir / self.out_name).write_text("".join(lines))
         self.meta["samples"] = len(lines) - 1
+        # decoded once, from the last sample (not at every poll)
+        xstats = {h: x for h, (kind, raw) in last_xstats.items() if (x := decoded_xstats(kind, raw)) is not None}
         if xstats:   # tcplab's own kinds: their counters as of the last sample (aqm_mark: marked, not_ect, ...)
             self.meta["xstats"] = xstats
 

@@ -1,6 +1,6 @@
 """The agent bundle playbooks/site.yml deploys (effects: pip, files).
 
-One tar.gz per content, named by its sha256: the agent's code (`agents/`, `schemas/`), the third-party
+One tar.gz per content, named by the sha256 of its sources: the agent's code (`agents/`, `schemas/`), the third-party
 packages it imports (AGENT_REQUIREMENTS, at the versions this manager runs, built for the hosts' Python)
 already installed into `site/` (`pip install --target` here), and their requirements.txt. Testbed hosts need
 no internet, no pip and no virtualenv: Ansible copies one file and unpacks it, and the agent runs with the
@@ -113,17 +113,20 @@ def bytecode(members: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
 
 
 def build_bundle(python: str = f"{sys.version_info.major}.{sys.version_info.minor}", progress=print) -> Path:
-    """The bundle for hosts running CPython `python`: CACHE/tcplab-agent-<sha12>.tar.gz."""
+    """The bundle for hosts running CPython `python`: CACHE/tcplab-agent-<sha12 of the sources>.tar.gz."""
     site = site_packages(python, progress)
     members = [(str(p.relative_to(REPO_ROOT)), p.read_bytes()) for p in code_files()]
     members += [(str(p.relative_to(site)), p.read_bytes()) for p in sorted((site / "site").rglob("*"))
                 if p.is_file() and "__pycache__" not in p.parts]
     members.append(("requirements.txt", (site / "requirements.txt").read_bytes()))
+    # named by the sources and the Python they are for: marshal's output (the pycs) depends on the compiling
+    # process's state, so the same code compiled by another process must still be the same release
+    name = hashlib.sha256(python.encode() + _tar_bytes(members)).hexdigest()[:12]
+    path = CACHE / f"tcplab-agent-{name}.tar.gz"
+    if path.exists():           # built before (its pycs may differ from a fresh compile: keep the first)
+        return path
     if python == f"{sys.version_info.major}.{sys.version_info.minor}":
         members += bytecode(members)
-    data = _tar_bytes(members)
-    path = CACHE / f"tcplab-agent-{hashlib.sha256(data).hexdigest()[:12]}.tar.gz"
-    if not path.exists():
-        path.with_suffix(".part").write_bytes(data)
-        os.replace(path.with_suffix(".part"), path)
+    path.with_suffix(".part").write_bytes(_tar_bytes(members))
+    os.replace(path.with_suffix(".part"), path)
     return path
