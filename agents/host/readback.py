@@ -15,6 +15,7 @@ from agents.host import ethtool, linkinfo, neighbours
 from agents.host.argv import readback_argv, tc_handle
 from agents.host.tunables import congestion_controls, module_param_path, read_module_param, read_sysctl, sysctl_path
 from schemas import procs, rawqdisc
+from schemas.nic import OFFLOAD_LONG_NAMES
 from schemas.protocol import InterfaceReadback, LinkSpeed, Readback
 from schemas.qdiscs import KINDS
 
@@ -91,7 +92,14 @@ def read_speed(dev: str, driver: str) -> LinkSpeed:
 
 
 def read_fixed_offloads(dev: str) -> dict[str, bool]:
-    return linkinfo.fixed_offloads(procs.run(["ethtool", "-k", dev]).stdout)
+    """The features the driver fixed; from `--json -k`'s own `fixed` marks when the text (which also shows
+    the features made of fixed parts) is in a form this agent does not know (another ethtool version)."""
+    try:
+        return linkinfo.fixed_offloads(procs.run(["ethtool", "-k", dev]).stdout)
+    except linkinfo.LinkParseError:
+        feats = read_features(dev)
+        return {short: bool(feats[long]["active"]) for short, long in OFFLOAD_LONG_NAMES.items()
+                if long in feats and feats[long].get("fixed")}
 
 
 def read_interface(dev: str) -> InterfaceReadback:

@@ -9,9 +9,10 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
+from sqlalchemy import text
 
 from orchestrator.ingest.pcap_format import Frames, iter_frames
-from tests.lab.conftest import run_lab_plan, run_plan_quietly
+from tests.lab.conftest import run_lab_plan, run_plan_quietly, stored_flags
 
 PLAN = """version: 1
 name: hostmtu
@@ -23,6 +24,7 @@ run:
   bottleneck:
     at: {{host: aqm, toward: client}}
     rate: 50mbit
+    line_rate: 1gbit
     queue: {{kind: pfifo, limit: 100}}
   traffic: {{src: server, dst: client, cc: reno, flows: 1}}
   hosts:
@@ -33,6 +35,11 @@ run:
 experiments:
   - name: one
 """
+
+
+def parse_os_id() -> str:
+    from agents.host.hostos import host_os
+    return host_os().id
 
 
 def link_mtus(inv) -> dict[str, int]:
@@ -67,13 +74,22 @@ def test_a_9000_byte_mtu_run_carries_9000_byte_packets_and_reset_restores_1500(l
     assert set(before.values()) == {1500}
     plan = tmp_path / "mtu.yaml"
     plan.write_text(PLAN.format(mtu=9000, extra=""))
-    run_lab_plan(plan, state_dir, tmp_path)
+    db = run_lab_plan(plan, state_dir, tmp_path)
     [pcap] = (tmp_path / "results").glob("*/aqm/capture-*.pcap")
     frames, wire, ip_total = frame_lengths(pcap)
     print(f"{pcap.name}: {frames} frames, largest {wire} B on the wire, largest IPv4 total length {ip_total} B")
     assert frames > 1000
     assert wire == 9014 and ip_total == 9000
     assert link_mtus(inv) == before      # reset put every interface back
+    # the veth's "10000Mb/s" is not a wire's: the 1gbit line rate is recorded as not checkable (G-NIC)
+    [flags] = stored_flags(db).values()
+    dev = inv.hosts["aqm"].iface_toward("client")
+    assert [str(f) for f in flags if f.guard == "G-NIC"] == [
+        f"G-NIC host aqm: {dev}: line rate not checkable on driver veth (driver veth is virtual: its speed is not "
+        "a wire's; it reports 10000 Mb/s); the plan states 1000 Mbit/s"]
+    with db.connect() as conn:           # each host's OS, as its agent reported it at hello
+        oses = conn.execute(text("SELECT host, os_system, os_id FROM run_host ORDER BY host")).all()
+    assert [tuple(r) for r in oses] == [(h, "Linux", parse_os_id()) for h in ("aqm", "client", "server")]
 
 
 def test_a_1500_mtu_run_has_no_frame_over_1514(lab, tmp_path):
