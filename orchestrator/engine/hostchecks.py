@@ -96,7 +96,7 @@ def bottleneck_links(spec: RunSpec) -> list[LinkRef]:
 
 
 def _bottleneck_speeds(spec: RunSpec, caps: dict[str, protocol.Capabilities], inv: Inventory):
-    """(link, interface, driver, its LinkSpeed) of each bottleneck interface whose agent reports a speed."""
+    """(link, interface, driver, its LinkSpeed) of each bottleneck interface of the testbed."""
     for link in bottleneck_links(spec):
         c, entry = caps.get(link.host), inv.hosts.get(link.host)
         if c is None or entry is None:
@@ -105,9 +105,8 @@ def _bottleneck_speeds(spec: RunSpec, caps: dict[str, protocol.Capabilities], in
             dev = entry.iface_toward(link.toward)
         except KeyError:
             continue
-        speed = c.link_speeds.get(dev)
-        if speed is not None:
-            yield link, dev, c.drivers.get(dev, "?"), speed
+        speed = c.link_speeds.get(dev) or protocol.LinkSpeed(why="its agent reports no link speed (upgrade it)")
+        yield link, dev, c.drivers.get(dev, "?"), speed
 
 
 def line_rate_problems(spec: RunSpec, caps: dict[str, protocol.Capabilities], inv: Inventory) -> list[str]:

@@ -217,6 +217,10 @@ def test_line_rate_on_a_virtual_nic_is_flagged_and_on_a_physical_one_checked():
                          "virtual: its speed is not a wire's; it reports 10000 Mb/s); the plan states 1000 Mbit/s")
     [flag] = hostchecks.line_rate_flags(s, every(driver="virtio_net", speed="virtio_settings.txt"), inv)
     assert "driver virtio_net" in flag.message and "Unknown!" in flag.message
+    old = every()
+    old["aqm"] = old["aqm"].model_copy(update={"link_speeds": {}})   # an agent from before link speeds
+    [flag] = hostchecks.line_rate_flags(s, old, inv)
+    assert "its agent reports no link speed" in flag.message
     # a physical NIC reporting 10000 Mb/s (the same `Speed:` line) under a 1gbit line_rate: refused
     physical = every(driver="ixgbe")
     assert hostchecks.line_rate_flags(s, physical, inv) == []
