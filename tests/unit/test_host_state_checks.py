@@ -32,6 +32,7 @@ def test_speed_of_a_veth_a_tap_and_a_virtio_nic():
     assert linkinfo.parse_speed(text("veth_settings.txt")) == 10000       # "Speed: 10000Mb/s", a constant
     assert linkinfo.parse_speed(text("tap_settings.txt")) == 10000
     assert linkinfo.parse_speed(text("virtio_settings.txt")) is None      # "Speed: Unknown!"
+    assert linkinfo.parse_speed(text("vm_guest_virtio_settings.txt")) is None   # a VM-lab guest, kernel 6.1
     assert linkinfo.parse_speed("Settings for x:\n\tLink detected: yes\n") is None
 
 
@@ -69,6 +70,7 @@ def test_features_text_that_is_not_ethtool_k_is_refused():
 
 def test_mtu_and_its_range_from_ip_link_json():
     assert linkinfo.parse_link(text("veth_ip_link.json")) == (1500, 68, 65535)
+    assert linkinfo.parse_link(text("vm_guest_virtio_ip_link.json")) == (1500, 68, 65535)
     assert linkinfo.mtu_argv("to-aqm", 9000) == ["ip", "link", "set", "dev", "to-aqm", "mtu", "9000"]
     with pytest.raises(ValueError):
         linkinfo.mtu_argv("to-aqm", 70000)
