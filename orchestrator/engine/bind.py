@@ -34,8 +34,8 @@ def host_states(spec: RunSpec, inv: Inventory) -> dict[str, HostState]:
             raise BindError(f"run {spec.run_id}: plan role {role!r} has no host in the inventory")
         entry = inv.hosts[role]
         chains = {entry.iface_toward(toward): list(chain) for toward, chain in hp.qdiscs.items()}
-        ifaces = {name: InterfaceState(offloads=dict(hp.offloads), coalesce=dict(hp.coalesce), pause=dict(hp.pause),
-                                       qdiscs=chains.get(name, []),
+        ifaces = {name: InterfaceState(mtu=spec.mtu, offloads=dict(hp.offloads), coalesce=dict(hp.coalesce),
+                                       pause=dict(hp.pause), qdiscs=chains.get(name, []),
                                        neighbours=peer_neighbours(inv, role, name) if hp.static_neighbours else {})
                   for name in entry.interfaces}
         out[role] = HostState(sysctls=dict(hp.sysctls), module_params=dict(hp.module_params), interfaces=ifaces,
