@@ -16,7 +16,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from agents.host import modules as kmod
 from agents.host.readback import read_coalesce, read_driver, read_features, read_pause
-from agents.host.tunables import congestion_controls
+from agents.host.tunables import congestion_controls, sysctl_path
 from schemas import procs
 from schemas.nic import OFFLOAD_LONG_NAMES
 from schemas.protocol import Capabilities, KernelBuild
@@ -154,6 +154,7 @@ def probe(interfaces: list[str], sysctl_prefixes: list[str], modules: list[str],
         tools={name: _first_line(argv) for name, argv in TOOLS.items()},
         tracepoints=tracepoints,
         socket_diag=tcp_socket_diag(),
+        tcp_delayed_acks=sysctl_path("net.ipv4.tcp_delayed_acks").exists(),
         boot_id=Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
         allowed_sysctl_prefixes=list(sysctl_prefixes),
         allowed_modules=list(modules),
