@@ -5,12 +5,15 @@ One CUBIC flow server -> client through htb 20 Mbit/s (pfifo 30), offloads off, 
 client's routes (read back from the kernel, gone after reset) and the capture shows about one data segment per
 ACK; `delayed` by `stock` changes nothing and the capture shows the kernel's own delayed ACKs. The same stock
 capture judged against a `per_segment` policy is flagged, naming the receiver, the flow and the ratio.
+`tcp_delayed_acks_sysctl` (the host kernel lacks the sysctl) and `module_param` are refused, hosts untouched.
 """
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
+import pytest
 from sqlalchemy import text
 
 from orchestrator.guards.ack import AckTally, expected_range
@@ -19,7 +22,7 @@ from orchestrator.ingest.assemble import assemble
 from orchestrator.ingest.record import RunRecord
 from orchestrator.plan import RunSpec
 from schemas.routes import route_quickack
-from tests.lab.conftest import TEST_PREFIX, one_flow_plan, run_lab_plan, stored_flags
+from tests.lab.conftest import TEST_PREFIX, one_flow_plan, run_lab_plan, run_plan_quietly, stored_flags
 
 CAPTURES = "  captures:\n    - {host: client, toward: aqm}\n    - {host: aqm, toward: client}\n"
 
@@ -80,3 +83,23 @@ def test_stock_delayed_acks_are_measured_and_a_wrong_policy_is_flagged(lab, tmp_
     assert flag["guard"] == "G-ACK" and flag["host"] == "client"
     assert flag["message"].startswith("flow 0 (") and "at client:to-aqm" in flag["message"]
     assert f"{ratio:.2f} data segments per ACK" in flag["message"] and "per_segment/quickack_route" in flag["message"]
+
+
+def test_mechanisms_this_host_cannot_apply_are_refused_before_any_host_is_touched(lab, tmp_path):
+    if os.path.exists("/proc/sys/net/ipv4/tcp_delayed_acks"):
+        pytest.skip(f"kernel {os.uname().release} has net.ipv4.tcp_delayed_acks: nothing to refuse here")
+    _, state_dir = lab
+    before = _client_routes()
+    for mechanism, why in (
+            ("tcp_delayed_acks_sysctl", f"host client (kernel {os.uname().release}) lacks sysctl "
+                                        "net.ipv4.tcp_delayed_acks (patched kernels only)"),
+            ("module_param", f"host client (kernel {os.uname().release}): ack_policy mechanism module_param is "
+                             "not applied by this agent version")):
+        plan = tmp_path / f"{mechanism}.yaml"
+        plan.write_text(one_flow_plan(f"ack-{mechanism.replace('_', '-')}", "refused", run_extra=(
+            f"  ack_policy: {{mode: per_segment, mechanism: {mechanism}}}\n")))
+        rc, message = run_plan_quietly(plan, f"sqlite:///{tmp_path / f'{mechanism}.db'}", state_dir,
+                                       tmp_path / "results")
+        print(message)
+        assert rc == 3 and "refused before touching any host" in message and why in message.replace("\n", " ")
+    assert _client_routes() == before
