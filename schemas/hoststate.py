@@ -51,6 +51,9 @@ class InterfaceState(_Strict):
         default_factory=dict, description="ethtool -A pause-frame settings")
     neighbours: dict[IPAddress, MacAddress] = Field(
         default_factory=dict, description="peer address -> MAC, made `nud permanent` (G-ARP)")
+    quickack: bool | None = Field(
+        None, description="every route through the interface carries `quickack` (on: the receiver ACKs each "
+        "segment, G-ACK); None leaves the routes as they are")
 
 
 class HostState(_Strict):

@@ -209,6 +209,8 @@ class Capabilities(_Msg):
     tracepoints: list[str]
     boot_id: str = Field("", description="/proc/sys/kernel/random/boot_id: hosts with the same one share a "
                          "kernel and its CPUs (netns lab)")
+    tcp_delayed_acks: bool = Field(False, description="the sysctl net.ipv4.tcp_delayed_acks exists (patched "
+                                   "kernels only; ack_policy mechanism tcp_delayed_acks_sysctl)")
     socket_diag: bool = Field(True, description="inet_diag answers for TCP (tcp_diag): `ss -ti` shows TCP_INFO "
                               "(without it ss reads /proc/net/tcp: no cwnd, no DCTCP alpha)")
     # an agent older than the allow-lists reports none: the manager then assumes the defaults
@@ -250,6 +252,9 @@ class InterfaceReadback(_Msg):
     raw_qdiscs: list[dict[str, str]] = Field(
         default_factory=list, description="qdiscs tc cannot print (kinds of tcplab's own modules, e.g. aqm_mark) "
         "from a netlink dump: handle, parent, kind, options_hex and xstats_hex (the kernel's bytes)")
+    routes: dict[Literal["inet", "inet6"], list[dict[str, Any]]] = Field(
+        default_factory=dict, description="family -> literal `ip -j -4|-6 route show dev IF` (the main table; "
+        "`quickack 1` shows in `metrics`)")
 
 
 class Readback(_Msg):

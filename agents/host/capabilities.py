@@ -25,7 +25,7 @@ from agents.host.readback import (
     read_pause,
     read_speed,
 )
-from agents.host.tunables import congestion_controls
+from agents.host.tunables import congestion_controls, sysctl_path
 from schemas import procs
 from schemas.nic import OFFLOAD_LONG_NAMES
 from schemas.protocol import Capabilities, KernelBuild
@@ -168,6 +168,7 @@ def probe(interfaces: list[str], sysctl_prefixes: list[str], modules: list[str],
         tools={name: _first_line(argv) for name, argv in TOOLS.items()},
         tracepoints=tracepoints,
         socket_diag=tcp_socket_diag(),
+        tcp_delayed_acks=sysctl_path("net.ipv4.tcp_delayed_acks").exists(),
         boot_id=Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
         allowed_sysctl_prefixes=list(sysctl_prefixes),
         allowed_modules=list(modules),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agents.host import baseline, ethtool, linkinfo, modules, neighbours
+from agents.host import baseline, ethtool, linkinfo, modules, neighbours, routes
 from agents.host.argv import ChainError, RawQdisc, chain_argv, offload_argv, root_delete_argv
 from agents.host.baseline import Baseline, InterfaceSnapshot, Snapshot
 from agents.host.errors import NotAllowed, StateError
@@ -38,6 +38,7 @@ from schemas.neighbours import permanent_neighbours
 from schemas.nic import OFFLOAD_LONG_NAMES
 from schemas.protocol import Readback
 from schemas.qdiscs import kind_of
+from schemas.routes import quickack_by_route
 
 
 def snapshot_interface(dev: str) -> InterfaceSnapshot:
@@ -47,7 +48,8 @@ def snapshot_interface(dev: str) -> InterfaceSnapshot:
         features={short: bool(feats[long]["active"]) for short, long in OFFLOAD_LONG_NAMES.items() if long in feats},
         root_kind=root[0]["kind"] if root else "noqueue",
         coalesce=read_coalesce(dev)[0], pause=read_pause(dev)[0],
-        neighbours=permanent_neighbours(read_neighbours(dev)), mtu=read_link(dev)[0])
+        neighbours=permanent_neighbours(read_neighbours(dev)), mtu=read_link(dev)[0],
+        quickack=quickack_by_route(routes.read_routes(dev)))
 
 
 def take_snapshot(interfaces: list[str], sysctl_names: list[str]) -> Snapshot:
@@ -69,7 +71,7 @@ def snapshot_differences(want: Snapshot, got: Snapshot) -> list[str]:
             diffs.append(f"{dev} mtu {g.mtu} != snapshot {w.mtu}")
         if g.root_kind != w.root_kind:
             diffs.append(f"{dev} root qdisc {g.root_kind} != snapshot {w.root_kind}")
-        for what in ("coalesce", "pause", "neighbours"):
+        for what in ("coalesce", "pause", "neighbours", "quickack"):
             if getattr(g, what) != getattr(w, what):
                 diffs.append(f"{dev} {what} {getattr(g, what)} != snapshot {getattr(w, what)}")
     return diffs
@@ -155,6 +157,8 @@ class HostStateExecutor:
                 if not allowlist.module_allowed(module, self.modules):
                     raise NotAllowed(allowlist.module_refusal(module, self.modules),
                                      field=f"state.interfaces.{dev}.qdiscs")
+            if ifstate.quickack is not None:   # every route restatable, before anything is written
+                routes.quickack_changes(dev, routes.read_routes(dev), ifstate.quickack)
 
     def apply(self, state: HostState) -> Readback:
         self.check_allowed(state)
@@ -219,6 +223,8 @@ class HostStateExecutor:
         self._apply_pause(dev, ifstate.pause)
         for addr, lladdr in ifstate.neighbours.items():
             self._run(neighbours.replace_argv(dev, addr, lladdr), f"state.interfaces.{dev}.neighbours.{addr}")
+        if ifstate.quickack is not None:
+            routes.set_quickack(dev, ifstate.quickack)
         self._reset_root(dev)
         for module in qdisc_modules(ifstate):
             self._load(module, {})
@@ -322,6 +328,7 @@ class HostStateExecutor:
     def _reset_interface(self, dev: str, snap: InterfaceSnapshot) -> None:
         self._reset_root(dev)
         self._apply_mtu(dev, snap.mtu)
+        routes.set_quickack(dev, snap.quickack)
         self._apply_offloads(dev, snap.features)
         if snap.coalesce is not None:
             self._apply_coalesce(dev, snap.coalesce)

@@ -11,7 +11,7 @@ import re
 
 from pyroute2 import IPRoute
 
-from agents.host import ethtool, linkinfo, neighbours
+from agents.host import ethtool, linkinfo, neighbours, routes
 from agents.host.argv import readback_argv, tc_handle
 from agents.host.tunables import congestion_controls, module_param_path, read_module_param, read_sysctl, sysctl_path
 from schemas import procs, rawqdisc
@@ -117,6 +117,7 @@ def read_interface(dev: str) -> InterfaceReadback:
         driver=driver, mtu=read_link(dev)[0], speed=read_speed(dev, driver),
         coalesce=coalesce, pause=pause, unsupported=unsupported,
         neighbours=read_neighbours(dev),
+        routes=routes.read_routes(dev),
         raw_qdiscs=raw_readback(rawqdisc.dump(dev, RAW_KINDS)) if any(q.get("kind") in RAW_KINDS for q in qdiscs)
         else [],
     )

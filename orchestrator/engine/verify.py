@@ -5,7 +5,7 @@ parameter is compared with what the kernel reports, and each mismatch is named.
 """
 from __future__ import annotations
 
-from orchestrator.engine import hostchecks
+from orchestrator.engine import ack_policy, hostchecks
 from orchestrator.plan import RunSpec
 from orchestrator.plan.model.kernels import release_matches
 from schemas import allowlist, protocol
@@ -122,6 +122,7 @@ def readback_differences(desired: HostState, rb: protocol.Readback) -> list[str]
                              f"{'on' if on else 'off'}")
         diffs += hostchecks.mtu_differences(dev, ifstate, irb)
         diffs += nic_differences(dev, ifstate, irb)
+        diffs += ack_policy.quickack_differences(dev, ifstate, irb)
         for i, stage in enumerate(ifstate.qdiscs):
             diffs += stage_differences(dev, i, stage, irb)
         planned = {f"{i + 1}:" for i in range(len(ifstate.qdiscs))}
@@ -237,8 +238,7 @@ def unsupported_features(spec: RunSpec, caps: dict[str, protocol.Capabilities]) 
         if f.tool == "app_limited":
             out.append(f"host {f.src}: flow {f.flow_id} needs the app-limited writer, which this agent "
                        "version does not have")
-    if spec.ack_policy is not None and spec.ack_policy.mechanism != "stock":
-        out.append(f"ack_policy mechanism {spec.ack_policy.mechanism} is not applied by this agent version")
+    out += ack_policy.refusals(spec, caps)
     for e in spec.events:
         out.append(f"host {e.link.host}: event {e.action} at {e.at_s:g}s is not executed by this agent version")
     return out

@@ -86,6 +86,7 @@ flow = Table(
     Column("start_s", Float, nullable=False),
     Column("duration_s", Float, nullable=False),
     Column("tool", String(32), nullable=False),
+    Column("ack_ratio", Float, nullable=True),             # M-ACKRATIO: data segments per pure ACK (G-ACK)
 )
 
 artifact = Table(
