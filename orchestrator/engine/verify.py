@@ -5,6 +5,7 @@ parameter is compared with what the kernel reports, and each mismatch is named.
 """
 from __future__ import annotations
 
+from orchestrator.engine.ktrace import kernel_trace_problems, kernel_trace_unsupported
 from orchestrator.plan import RunSpec
 from orchestrator.plan.model.kernels import release_matches
 from schemas import allowlist, protocol
@@ -163,6 +164,7 @@ def capability_problems(spec: RunSpec, caps: dict[str, protocol.Capabilities]) -
     problems += nic_problems(spec, caps)
     problems += allowlist_problems(spec, caps)
     problems += unsupported_features(spec, caps)
+    problems += kernel_trace_problems(spec.kernel_trace, caps)
     sender_needs = [  # (asked for, the sender has it, what it lacks)
         (spec.tcp_probe, lambda c: "tcp:tcp_probe" in c.tracepoints, "tracepoint tcp:tcp_probe"),
         (bool(spec.ss_interval_ms), lambda c: c.socket_diag,
@@ -238,4 +240,5 @@ def unsupported_features(spec: RunSpec, caps: dict[str, protocol.Capabilities]) 
         out.append(f"ack_policy mechanism {spec.ack_policy.mechanism} is not applied by this agent version")
     for e in spec.events:
         out.append(f"host {e.link.host}: event {e.action} at {e.at_s:g}s is not executed by this agent version")
+    out += kernel_trace_unsupported(spec.kernel_trace, caps)
     return out
