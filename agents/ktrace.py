@@ -42,6 +42,16 @@ def copy_bounded(src: Path, out: BinaryIO, limit: int = ktrace.MAX_ARTIFACT_BYTE
     return n, False
 
 
+def append_line(path: Path, line: str) -> None:
+    """One write with O_APPEND and without O_TRUNC: kprobe_events truncated would drop every other user's
+    events. (Python's "a" mode also seeks to the end, which tracefs refuses with EINVAL.)"""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
 def selected_clock(text: str) -> str:
     """`local [global] mono` -> `global` (the bracketed one of a trace_clock file)."""
     m = re.search(r"\[([a-z0-9_-]+)\]", text)
@@ -78,8 +88,7 @@ class KernelTrace(TaskRunner):
         probes = []
         for (name, line, kind), sym in zip(ktrace.kprobe_definitions(base, list(self.spec.kprobes)),
                                            [s for s in self.spec.kprobes for _ in (0, 1)], strict=True):
-            with open(root / "kprobe_events", "a") as f:   # append: never truncates other users' events
-                f.write(line + "\n")
+            append_line(root / "kprobe_events", line)
             self.created.append(name)
             tid = int((root / "events" / ktrace.EVENT_GROUP / name / "id").read_text())
             probes.append((tid, kind, sym))
@@ -88,8 +97,7 @@ class KernelTrace(TaskRunner):
     def _remove_probes(self, root: Path) -> None:
         for name in reversed(self.created):
             try:
-                with open(root / "kprobe_events", "a") as f:
-                    f.write(ktrace.kprobe_removal(name) + "\n")
+                append_line(root / "kprobe_events", ktrace.kprobe_removal(name))
                 self.created.remove(name)
             except OSError as exc:
                 self.meta.setdefault("remove_errors", []).append(f"{name}: {exc}")
