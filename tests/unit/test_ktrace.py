@@ -297,3 +297,32 @@ def test_a_plan_without_kernel_trace_keeps_its_run_ids(tmp_path):
     p.write_text(PLAN.split("  kernel_trace:")[0].format(tags="smoke"))
     (run,) = expand(load_plan(p))
     assert run.kernel_trace is None and "kernel_trace" not in run.model_dump()
+
+
+def test_the_report_leaves_timing_runs_out_and_shows_their_costs(tmp_path):
+    """A run flagged G-PROBE gives the kernel cost table and no row in any performance table."""
+    import sqlalchemy as sa
+
+    from analysis.report import write_report
+    from orchestrator.storage import tables as T
+    from schemas.flag import Flag
+    from tests.unit.test_report import engine as report_db
+
+    db = report_db.__wrapped__(tmp_path)   # the report tests' literal-rows DB
+    flag = Flag(guard="G-PROBE", host="server", message="timing run: function timings tcp_write_xmit traced; "
+                "no performance metric is reported from it").stored()
+    rows = parse_kernel_trace(GUEST, HRTIMER)
+    with db.begin() as conn:
+        conn.execute(sa.update(T.run).where(T.run.c.run_id == "q-bbr-50").values(flags=[flag]))
+        conn.execute(T.kernel_trace.insert(), [
+            {"run_id": "q-bbr-50", "host": "server", "ts_ns": int(r["ts_ns"]), "cpu": int(r["cpu"]),
+             "pid": int(r["pid"]), "source": str(r["source"]), "event": str(r["event"]),
+             "duration_ns": int(r["duration_ns"]) if r["duration_ns"] >= 0 else None, "value": None,
+             "text": str(r["text"])} for r in rows])
+    page = write_report(db, tmp_path / "out", ["q-reno-20", "q-bbr-50"]).read_text()
+    runs_csv = (tmp_path / "out" / "runs.csv").read_text()
+    assert "q-reno-20" in runs_csv and "q-bbr-50" not in runs_csv
+    assert "<h2>Timing runs</h2>" in page and "1 timing run(s) (G-PROBE" in page and "q-bbr-50" in page
+    cost = (tmp_path / "out" / "tables" / "kernel_cost.csv").read_text().splitlines()
+    assert cost[0] == "cell,host,source,event,unit,n,min,max,mean,sd,p99"
+    assert cost[1].startswith("q-bbr-50,server,kprobe,tcp_write_xmit,ns,145,")
