@@ -137,3 +137,32 @@ def test_vm_guest_times_tcp_write_xmit_per_call(sender_guest, tmp_path):
     assert t0 - 2e9 < calls[0].ts_ns < calls[-1].ts_ns < t0 + 6e9
     flags = [f for fs in stored_flags(engine).values() for f in fs if f.guard == "G-PROBE"]
     assert len(flags) == 1
+
+
+def test_a_failing_task_leaves_nothing_and_touches_no_other_instance(tmp_path):
+    """The runner on this machine's tracefs (root): a filter the kernel refuses fails the task with the kernel's
+    error; its instance is gone, and an instance it did not create is untouched."""
+    import asyncio
+    import time
+
+    from agents.ktrace import KernelTrace
+    from schemas.protocol import KernelTraceTask
+
+    if os.geteuid() != 0 or not (TRACEFS / "instances").is_dir():
+        pytest.skip("needs root and tracefs at /sys/kernel/tracing")
+    foreign = TRACEFS / "instances" / f"{PREFIX}-foreign"
+    foreign.mkdir()
+    try:
+        (foreign / "events/timer/hrtimer_expire_entry/enable").write_text("1")
+        now = time.time_ns()
+        task = KernelTraceTask(task_id="kernel-trace", start_ns=now, stop_ns=now + 300_000_000,
+                               tracepoints=["timer:hrtimer_expire_entry"],
+                               filters={"timer:hrtimer_expire_entry": "no_such_field == 1"})
+        runner = KernelTrace(task, tmp_path)
+        asyncio.run(runner.run())
+        assert runner.state == "failed" and "Invalid argument" in runner.detail, runner.detail
+        assert not [p for p in (TRACEFS / "instances").iterdir() if p.name.startswith(f"tcplab-kt-{os.getpid()}-")]
+        assert (foreign / "events/timer/hrtimer_expire_entry/enable").read_text().strip() == "1"
+    finally:
+        (foreign / "events/timer/hrtimer_expire_entry/enable").write_text("0")
+        foreign.rmdir()
