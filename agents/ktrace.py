@@ -52,6 +52,18 @@ def append_line(path: Path, line: str) -> None:
         os.close(fd)
 
 
+OVERRUN = re.compile(r"^overrun: (\d+)$", re.MULTILINE)
+
+
+def overruns(inst: Path, max_cpus: int = 4096) -> int:
+    """Events the instance's ring buffer overwrote (lost), summed over its CPUs (per_cpu/cpuN/stats)."""
+    total = 0
+    for stats in sorted((inst / "per_cpu").glob("cpu*/stats"))[:max_cpus]:
+        m = OVERRUN.search(stats.read_text())
+        total += int(m.group(1)) if m else 0
+    return total
+
+
 def selected_clock(text: str) -> str:
     """`local [global] mono` -> `global` (the bracketed one of a trace_clock file)."""
     m = re.search(r"\[([a-z0-9_-]+)\]", text)
@@ -179,6 +191,7 @@ class KernelTrace(TaskRunner):
             if top_printk:
                 syncs.append(self._marker(root, "end"))
             self._enable(inst, False)
+            self.meta["overrun"] = overruns(inst)
             if self.created:
                 self.meta["probe_counts"] = probe_counts((root / "kprobe_profile").read_text(), set(self.created))
             self.meta.update({"trace_clock": "mono", "trace_printk": "instance" if own_printk else

@@ -78,6 +78,27 @@ def test_the_selected_clock_and_the_probe_profile():
         "kt359_kerneltrace_0e": {"hits": 145, "misses": 0}, "kt359_kerneltrace_0r": {"hits": 145, "misses": 2}}
 
 
+# this machine's per_cpu/cpu0/stats (literal), the overrun made 1234 for the test
+STATS = """entries: 0
+overrun: 0
+commit overrun: 0
+bytes: 0
+oldest event ts:     0.000000
+now ts:  1909.672834
+dropped events: 0
+read events: 0
+"""
+
+
+def test_overruns_sum_over_the_cpus(tmp_path):
+    from agents.ktrace import overruns
+
+    for cpu, n in (("cpu0", 0), ("cpu1", 1234)):
+        (tmp_path / "per_cpu" / cpu).mkdir(parents=True)
+        (tmp_path / "per_cpu" / cpu / "stats").write_text(STATS.replace("overrun: 0\n", f"overrun: {n}\n", 1))
+    assert overruns(tmp_path) == 1234
+
+
 # ------------------------------------------------------------------ pairing (pure)
 
 def test_nested_calls_pair_inside_out_and_cut_calls_are_dropped():
