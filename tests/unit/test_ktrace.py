@@ -207,7 +207,7 @@ def test_cost_table_and_timing_runs():
     assert t.rows[0][:8] == ("pc-timing-e10-pc-abc", "sender_a", "printk", "pc_chirp_compute", "ns", 3, 655.0, 1930.0)
     assert cell_of("tbtcp-timing-tb-e11-tb-timing-3f2a-r4") == "tbtcp-timing-tb-e11-tb-timing-3f2a"
     assert is_timing_run(["G-PROBE host sender: timing run: ..."])
-    assert not is_timing_run(["G-CPULOAD host aqm: ...", "G-PROBEX x"])
+    assert not is_timing_run(["G-CPULOAD host aqm: ...", "a G-PROBE in the middle"])
 
 
 # ------------------------------------------------------------------ engine: task and preflight
