@@ -166,3 +166,33 @@ def test_a_failing_task_leaves_nothing_and_touches_no_other_instance(tmp_path):
     finally:
         (foreign / "events/timer/hrtimer_expire_entry/enable").write_text("0")
         foreign.rmdir()
+
+
+def test_a_stopped_task_reads_out_and_removes_its_instance(tmp_path):
+    """Reset stops the tasks (stop_event): tracing ends there, the artifact is written, the instance is gone."""
+    import asyncio
+    import time
+
+    from agents.ktrace import KernelTrace
+    from orchestrator.ingest.ktrace import parse_kernel_trace
+    from schemas.protocol import KernelTraceTask
+
+    if os.geteuid() != 0 or not (TRACEFS / "instances").is_dir():
+        pytest.skip("needs root and tracefs at /sys/kernel/tracing")
+    now = time.time_ns()
+    task = KernelTraceTask(task_id="kernel-trace", start_ns=now, stop_ns=now + 600 * 10**9,
+                           tracepoints=["timer:hrtimer_expire_entry"])
+    runner = KernelTrace(task, tmp_path)
+
+    async def stop_soon() -> None:
+        job = asyncio.ensure_future(runner.run())
+        await asyncio.sleep(0.5)
+        runner.stop_event.set()
+        await asyncio.wait_for(job, 30)
+
+    started = time.monotonic()
+    asyncio.run(stop_soon())
+    assert runner.state == "done" and time.monotonic() - started < 30
+    rows = parse_kernel_trace((tmp_path / "kernel-trace.txt").read_bytes(), ["timer:hrtimer_expire_entry"])
+    assert len(rows) > 0 and rows["ts_ns"][-1] < time.time_ns()
+    assert not [p for p in (TRACEFS / "instances").iterdir() if p.name.startswith(f"tcplab-kt-{os.getpid()}-")]
