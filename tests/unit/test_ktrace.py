@@ -185,6 +185,19 @@ def test_a_file_that_is_not_an_artifact_or_has_no_offsets_is_refused():
         parse_kernel_trace(body, HRTIMER)
 
 
+def test_the_numpy_read_of_the_raw_section_equals_the_line_regex():
+    from orchestrator.ingest.ktrace import RAW_LINE, raw_columns
+
+    raw = split_sections(GUEST)[1]["raw mono"]
+    by_regex = np.array(RAW_LINE.findall(raw), dtype=np.int64)
+    assert by_regex.shape == (2223, 4)
+    assert np.array_equal(raw_columns(raw), by_regex)
+    # the kernel's lost-events line is not an event; a line numpy cannot read sends the section to the regex
+    assert np.array_equal(raw_columns(raw + b"CPU:0 [LOST 12 EVENTS]\n"), by_regex)
+    assert np.array_equal(raw_columns(raw + b"1 0 x type: 9\n"), by_regex)
+    assert raw_columns(b"# tracer: nop\n").shape == (0, 4)
+
+
 def test_sections_split():
     header, sections = split_sections(GUEST)
     assert list(sections) == ["text mono", "raw mono", "printk local"]
