@@ -21,6 +21,7 @@ from sqlalchemy.engine import Engine
 
 from analysis import metrics
 from analysis.export import parquet_available, write_tables
+from analysis.kernel_cost import cost_table, is_timing_run, load_costs
 from analysis.load import iter_runs
 from analysis.plots import Panel, RunSeries, backlog_png, box_png, cdf_png, throughput_png, timeseries_png
 from analysis.rundata import RunData
@@ -160,9 +161,22 @@ def figures(results: Sequence[RunAnalysis], series: Sequence[RunSeries], bin_ns:
     return out
 
 
+def timing_section(kernel_cost: Table | None, timing_runs: Sequence[str]) -> str:
+    """The timing runs (G-PROBE): left out of every performance table; their kernel cost table (M-KCOST)."""
+    if not timing_runs:
+        return ""
+    listed = ", ".join(html.escape(r) for r in timing_runs)
+    note = (f'<p class="note">{len(timing_runs)} timing run(s) (G-PROBE: they traced the kernel, which slows what '
+            f"it times) are left out of every performance table and plot: {listed}.</p>")
+    return f"<h2>Timing runs</h2>\n{note}\n" + (table_html(kernel_cost, f"{TABLES_DIR}/{kernel_cost.name}.csv")
+                                               if kernel_cost is not None else "")
+
+
 def build_report(results: Sequence[RunAnalysis], series: Sequence[RunSeries], title: str = "tcplab report",
-                 bin_ns: int = DEFAULT_BIN_NS, generated: str | None = None) -> tuple[str, list[Table]]:
-    """(page HTML, tables to write). Pure apart from the clock when `generated` is not given."""
+                 bin_ns: int = DEFAULT_BIN_NS, generated: str | None = None, kernel_cost: Table | None = None,
+                 timing_runs: Sequence[str] = ()) -> tuple[str, list[Table]]:
+    """(page HTML, tables to write). Pure apart from the clock when `generated` is not given. `timing_runs`
+    (G-PROBE) are not in `results`; `kernel_cost` is their cost table."""
     rows = [r.row for r in results]
     head = "".join(f"<th>{html.escape(c.header)}</th>" for c in COLUMNS)
     body = "\n".join(
@@ -171,7 +185,7 @@ def build_report(results: Sequence[RunAnalysis], series: Sequence[RunSeries], ti
         for cells in table_cells(rows))
     study = [*qdelay_tables(results), utilisation_table(results), convergence_table(results)]
     detail, flows = runs_table(results), flows_table(results)
-    tables = [*study, detail, flows, *series_tables(results)]
+    tables = [*study, detail, flows, *series_tables(results)] + ([kernel_cost] if kernel_cost is not None else [])
 
     def link(t: Table) -> str:
         return f"{TABLES_DIR}/{t.name}.csv"
@@ -215,6 +229,7 @@ Tables as {formats} in <a href="{TABLES_DIR}/">{TABLES_DIR}/</a>; run table: <a 
 </tbody></table>
 <h2>Result tables</h2>
 {sections}
+{timing_section(kernel_cost, timing_runs)}
 {plots}
 </body></html>
 """
@@ -242,11 +257,17 @@ def write_report(engine: Engine, out_dir: Path, run_ids: list[str] | None = None
     out_dir.mkdir(parents=True, exist_ok=True)
     results: list[RunAnalysis] = []
     series: list[RunSeries] = []
+    timing: list[str] = []
     for data in iter_runs(engine, run_ids, detail=True):
+        if is_timing_run(data.meta.flags):   # G-PROBE: no performance number from a run that traced the kernel
+            timing.append(data.meta.run_id)
+            continue
         result = analyse(data)
         results.append(result)
         series.append(run_series(data, result.row, bin_ns))
-    page, tables = build_report(results, series, title, bin_ns)
+    costs = load_costs(engine, timing)
+    page, tables = build_report(results, series, title, bin_ns, kernel_cost=cost_table(costs) if timing else None,
+                                timing_runs=timing)
     write_runs_csv([r.row for r in results], out_dir / "runs.csv")
     write_tables(tables, out_dir / TABLES_DIR)
     path = out_dir / "report.html"

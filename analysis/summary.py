@@ -106,8 +106,11 @@ def summarise(data: RunData, advances: dict[int, tuple[np.ndarray, np.ndarray]] 
 
 
 def run_table(engine: Engine, run_ids: list[str] | None = None) -> list[RunRow]:
-    """Rows for the given runs (in that order), or for every complete run ordered by run_id."""
-    return [summarise(data) for data in iter_runs(engine, run_ids)]
+    """Rows for the given runs (in that order), or for every complete run ordered by run_id; timing runs
+    (G-PROBE) have no row: no performance number comes from a run that traced its kernel."""
+    from analysis.kernel_cost import is_timing_run
+
+    return [summarise(data) for data in iter_runs(engine, run_ids) if not is_timing_run(data.meta.flags)]
 
 
 # ---------------------------------------------------------------------------- presentation

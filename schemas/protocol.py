@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas import limits
+from schemas import ktrace, limits
 from schemas.allowlist import DEFAULT_MODULES, DEFAULT_SYSCTL_PREFIXES
 from schemas.handshake import NONCE_PATTERN
 from schemas.hoststate import HostState
@@ -116,9 +116,27 @@ class CpuLoadTask(_TaskBase):
                              description="sampling interval")
 
 
+class KernelTraceTask(_TaskBase):
+    """Kernel-side timing (docs/plans.md#kernel_trace): a private tracefs instance (clock mono) with the asked
+    tracepoints and kprobe/kretprobe pairs the agent creates and removes itself; trace_printk lines too."""
+
+    kind: Literal["kernel_trace"] = "kernel_trace"
+    stop_ns: int
+    trace_printk: bool = Field(default=False, description="collect trace_printk lines")
+    tracepoints: list[Annotated[str, Field(pattern=ktrace.TRACEPOINT_PATTERN)]] = Field(
+        default_factory=list, max_length=ktrace.MAX_TRACEPOINTS, description="`system:event`")
+    filters: dict[Annotated[str, Field(pattern=ktrace.TRACEPOINT_PATTERN)],
+                  Annotated[str, Field(pattern=ktrace.FILTER_PATTERN)]] = Field(
+        default_factory=dict, max_length=ktrace.MAX_TRACEPOINTS, description="tracepoint -> filter expression")
+    kprobes: list[Annotated[str, Field(pattern=ktrace.SYMBOL_PATTERN)]] = Field(
+        default_factory=list, max_length=ktrace.MAX_KPROBES, description="symbols timed by a kprobe + kretprobe")
+    buffer_kib: int = Field(default=16384, ge=ktrace.MIN_BUFFER_KIB, le=ktrace.MAX_BUFFER_KIB,
+                            description="ring buffer per CPU")
+
+
 Task = Annotated[
     Iperf3ServerTask | Iperf3ClientTask | CaptureTask | TcpProbeTask | QdiscStatsTask | SsSampleTask
-    | CpuLoadTask,
+    | CpuLoadTask | KernelTraceTask,
     Field(discriminator="kind"),
 ]
 
@@ -206,7 +224,13 @@ class Capabilities(_Msg):
     mtu_range: dict[str, tuple[int, int]] = Field(
         default_factory=dict, description="per interface: (min_mtu, max_mtu) from `ip -d -j link show`")
     tools: dict[str, str] = Field(description="tool -> version string")
-    tracepoints: list[str]
+    tracepoints: list[str] = Field(description="`system:event` tracepoints of the systems in "
+                                   "schemas/ktrace.py TRACEPOINT_SYSTEMS that this kernel has")
+    kprobe_events: bool = Field(False, description="tracefs has kprobe_events: kprobe/kretprobe pairs can time "
+                                "functions (kernel_trace.kprobes)")
+    tracers: list[str] = Field(default_factory=list, description="tracefs available_tracers (function_graph ...)")
+    trace_printk_dest: bool = Field(False, description="an instance can take trace_printk output "
+                                    "(options/trace_printk_dest); without it trace_printk goes to the top-level buffer")
     boot_id: str = Field("", description="/proc/sys/kernel/random/boot_id: hosts with the same one share a "
                          "kernel and its CPUs (netns lab)")
     tcp_delayed_acks: bool = Field(False, description="the sysctl net.ipv4.tcp_delayed_acks exists (patched "

@@ -15,6 +15,7 @@ from pyroute2 import DiagSocket
 from pyroute2.netlink.exceptions import NetlinkError
 
 from agents.host import modules as kmod
+from agents.host import tracefs_caps
 from agents.host.hostos import host_os
 from agents.host.readback import (
     read_coalesce,
@@ -140,9 +141,7 @@ def probe(interfaces: list[str], sysctl_prefixes: list[str], modules: list[str],
           module_dirs: list[Path] | None = None) -> Capabilities:
     """What the host can do, and what this agent may be asked to write (its allow-lists, reported as given)."""
     root = tracefs_root()
-    tracepoints = []
-    if root and (root / "events/tcp/tcp_probe").is_dir():
-        tracepoints.append("tcp:tcp_probe")
+    tracepoints = tracefs_caps.tracepoints(root)
     features: dict[str, dict[str, bool]] = {}
     for dev in interfaces:
         feats = read_features(dev)
@@ -167,6 +166,9 @@ def probe(interfaces: list[str], sysctl_prefixes: list[str], modules: list[str],
         mtu_range={dev: read_link(dev)[1:] for dev in interfaces},
         tools={name: _first_line(argv) for name, argv in TOOLS.items()},
         tracepoints=tracepoints,
+        kprobe_events=tracefs_caps.kprobe_events(root),
+        tracers=tracefs_caps.tracers(root),
+        trace_printk_dest=tracefs_caps.trace_printk_dest(root),
         socket_diag=tcp_socket_diag(),
         tcp_delayed_acks=sysctl_path("net.ipv4.tcp_delayed_acks").exists(),
         boot_id=Path("/proc/sys/kernel/random/boot_id").read_text().strip(),

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.engine import ack_policy
+from orchestrator.engine.ktrace import kernel_trace_task
 from orchestrator.guards.cpu import kernel_groups
 from orchestrator.inventory import Inventory
 from orchestrator.plan import RunSpec
@@ -115,6 +116,9 @@ def schedule_tasks(spec: RunSpec, inv: Inventory, tl: Timeline,
             tasks[role].append(protocol.SsSampleTask(
                 task_id="ss-sample", start_ns=tl.start_ns, stop_ns=tl.stop_ns, interval_ms=spec.ss_interval_ms,
                 ports=ports, dst_addrs=sorted({inv.hosts[f.dst].data_addr for f in mine})))
+    if spec.kernel_trace is not None:
+        for role in spec.kernel_trace.hosts:
+            tasks[role].append(kernel_trace_task(spec.kernel_trace, tl.start_ns, tl.stop_ns))
     return {role: t for role, t in tasks.items() if t}
 
 

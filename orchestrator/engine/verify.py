@@ -6,6 +6,7 @@ parameter is compared with what the kernel reports, and each mismatch is named.
 from __future__ import annotations
 
 from orchestrator.engine import ack_policy, hostchecks
+from orchestrator.engine.ktrace import kernel_trace_problems, kernel_trace_unsupported
 from orchestrator.plan import RunSpec
 from orchestrator.plan.model.kernels import release_matches
 from schemas import allowlist, protocol
@@ -167,6 +168,7 @@ def capability_problems(spec: RunSpec, caps: dict[str, protocol.Capabilities]) -
     problems += hostchecks.host_state_problems(spec, caps)
     problems += allowlist_problems(spec, caps)
     problems += unsupported_features(spec, caps)
+    problems += kernel_trace_problems(spec.kernel_trace, caps)
     sender_needs = [  # (asked for, the sender has it, what it lacks)
         (spec.tcp_probe, lambda c: "tcp:tcp_probe" in c.tracepoints, "tracepoint tcp:tcp_probe"),
         (bool(spec.ss_interval_ms), lambda c: c.socket_diag,
@@ -241,4 +243,5 @@ def unsupported_features(spec: RunSpec, caps: dict[str, protocol.Capabilities]) 
     out += ack_policy.refusals(spec, caps)
     for e in spec.events:
         out.append(f"host {e.link.host}: event {e.action} at {e.at_s:g}s is not executed by this agent version")
+    out += kernel_trace_unsupported(spec.kernel_trace, caps)
     return out

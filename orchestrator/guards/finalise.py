@@ -16,6 +16,7 @@ from sqlalchemy import Engine
 
 from analysis.metrics.windows import analysis_window
 from orchestrator.guards import ack, clock, cpu, ecn, pre_run, qdisc, ss
+from orchestrator.guards.probe import probe_flags
 from orchestrator.ingest.assemble import assemble, cpu_samples
 from orchestrator.ingest.record import RunRecord
 from orchestrator.plan import RunSpec
@@ -105,7 +106,7 @@ def finalise_run(db: Engine, run_dir: Path, record: RunRecord) -> RunOutcome:
     run = dict(record.run)
     flags = [*pre_run.accepted(spec), *(Flag.from_stored(f) for f in run.get("flags", []))]
     cpu_evidence, cpu_flags = cpu_guard(spec, record, run_dir)
-    flags += evidence_guards(record) + cpu_flags
+    flags += evidence_guards(record) + cpu_flags + probe_flags(spec)
     evidence = [*record.evidence, *cpu_evidence]
     ingest = None
     if record.complete:

@@ -23,6 +23,7 @@ from orchestrator.ingest import qdelay
 from orchestrator.ingest.cpu import CpuSamples, parse_cpu
 from orchestrator.ingest.hosts import host_rows
 from orchestrator.ingest.iperf3 import parse_iperf3
+from orchestrator.ingest.ktrace import parse_kernel_trace
 from orchestrator.ingest.pcap import PcapReader
 from orchestrator.ingest.qdelay_stream import pair_stream
 from orchestrator.ingest.record import RunRecord
@@ -115,7 +116,7 @@ def assemble(spec: RunSpec, record: RunRecord, run_dir: Path) -> RunIngest:
     """The RunIngest of a complete run: every artifact the agents announced, parsed and labelled. Raises
     ArtifactError naming the host, file and (through the parser) the line a parser refused."""
     flow_rows, point_names = record.flows, record.points
-    probes, qdisc, iperf, ss, art_rows = [], [], [], [], []
+    probes, qdisc, iperf, ss, art_rows, ktrace = [], [], [], [], [], []
     captures: list[_Capture] = []
     extra: dict[str, dict] = {}
     port_to_flow = {f.port: f.flow_id for f in spec.flows}
@@ -139,6 +140,9 @@ def assemble(spec: RunSpec, record: RunRecord, run_dir: Path) -> RunIngest:
                 elif kind == "qdisc_stats":
                     iface = info["name"].removeprefix("qdisc-").removesuffix(".csv")
                     qdisc.append((host, iface, parse_qdisc_csv(path.read_text())))
+                elif kind == "kernel_trace":
+                    asked = list(spec.kernel_trace.tracepoints) if spec.kernel_trace else []
+                    ktrace.append((host, parse_kernel_trace(path.read_bytes(), asked)))
                 elif kind == "iperf3_client":
                     result = parse_iperf3(path.read_text())
                     port = int(info["name"].removeprefix("iperf3-client-").removesuffix(".json"))
@@ -151,7 +155,8 @@ def assemble(spec: RunSpec, record: RunRecord, run_dir: Path) -> RunIngest:
     return RunIngest(run=record.run, plan=record.plan, flows=flow_rows, artifacts=art_rows, evidence=record.evidence,
                      hosts=host_rows(spec, record.evidence), packets=packets, capture_points=extra, conns=conns,
                      qdelay=qd, qdelay_pairs=pairs,
-                     tcp_probe=probes, qdisc_samples=qdisc, ss_samples=ss, iperf_intervals=iperf)
+                     tcp_probe=probes, qdisc_samples=qdisc, ss_samples=ss, iperf_intervals=iperf,
+                     kernel_trace=ktrace)
 
 
 def sender_ports(run_dir: Path, spec: RunSpec) -> dict[int, int | None]:

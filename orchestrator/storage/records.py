@@ -98,3 +98,18 @@ def null_masks(arr: np.ndarray, fields: tuple[str, ...]) -> dict[str, np.ndarray
         col = arr[name]
         out[name] = np.isnan(col) if col.dtype.kind == "f" else col < 0
     return out
+
+
+# Kernel-side timing (orchestrator/ingest/ktrace.py), one row per event: a tracepoint hit, a trace_printk line,
+# or a kprobe/kretprobe pair of one call (event = the symbol, duration_ns = return - entry). duration_ns -1 and
+# value NaN where the row has none (stored NULL); text: the line's message (tracepoint fields, trace_printk text).
+KERNEL_TRACE = np.dtype([
+    ("ts_ns", "i8"),                       # CLOCK_REALTIME (the entry, for a pair)
+    ("cpu", "i4"), ("pid", "i4"),
+    ("source", "U10"),                     # kprobe | tracepoint | printk
+    ("event", "U64"),                      # symbol, `system:event` or the trace_printk caller / its name
+    ("duration_ns", "i8"),
+    ("value", "f8"),                       # the number of a `name ... <n> ns`-like trace_printk line
+    ("text", "U160"),
+])
+KERNEL_TRACE_NULLABLE = ("duration_ns", "value")

@@ -68,6 +68,7 @@ class RunIngest:
     qdisc_samples: list[tuple[str, str, np.ndarray]] = field(default_factory=list)  # (host, iface, ..)
     ss_samples: list[tuple[str, np.ndarray]] = field(default_factory=list)  # (host, SS_SAMPLE)
     iperf_intervals: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (flow_id, ..)
+    kernel_trace: list[tuple[str, np.ndarray]] = field(default_factory=list)  # (host, KERNEL_TRACE)
     packet_observers: tuple[PacketObserver, ...] = ()   # folds whose flags join the run row before it is written
 
 
@@ -90,6 +91,7 @@ class IngestCounts:
     qdisc_sample: int = 0
     ss_sample: int = 0
     iperf_interval: int = 0
+    kernel_trace: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -133,12 +135,14 @@ BULK_LAYOUTS = (
     BulkLayout("qdisc_samples", tables.qdisc_sample, ("host", "interface"), records.QDISC_SAMPLE),
     BulkLayout("ss_samples", tables.ss_sample, ("host",), records.SS_SAMPLE, nulls=_ss_nulls),
     BulkLayout("iperf_intervals", tables.iperf_interval, ("flow_id",), records.IPERF_INTERVAL),
+    BulkLayout("kernel_trace", tables.kernel_trace, ("host",), records.KERNEL_TRACE,
+               nulls=lambda arr: records.null_masks(arr, records.KERNEL_TRACE_NULLABLE)),
 )
 
 CHILD_TABLES = (("flows", tables.flow), ("artifacts", tables.artifact), ("evidence", tables.host_evidence),
                  ("qdelay_pairs", tables.qdelay_pair), ("hosts", tables.run_host))
 TABLES_BY_RUN_ID = (tables.iperf_interval, tables.qdelay_pair, tables.capture_point, tables.host_evidence,
-              tables.run_host,
+              tables.run_host, tables.kernel_trace,
               tables.artifact, tables.flow)
 
 

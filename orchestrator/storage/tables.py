@@ -286,6 +286,22 @@ iperf_interval = Table(
     Column("rtt_us", BigInteger, nullable=False),
 )
 
+# Kernel-side timing (docs/plans.md#kernel_trace, orchestrator/ingest/ktrace.py): one row per event; kprobe pairs
+# carry duration_ns, trace_printk lines of the `<name> ... <n> ns` form value (ns); runs tagged timing (G-PROBE).
+kernel_trace = Table(
+    "kernel_trace", metadata,
+    Column("run_id", String(128), nullable=False),
+    Column("host", String(64), nullable=False),
+    Column("ts_ns", BigInteger, nullable=False),           # CLOCK_REALTIME (converted from trace clock mono)
+    Column("cpu", Integer, nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("source", String(10), nullable=False),          # kprobe | tracepoint | printk
+    Column("event", String(64), nullable=False),
+    Column("duration_ns", BigInteger, nullable=True),
+    Column("value", Float, nullable=True),
+    Column("text", String(160), nullable=False),
+)
+
 # Per-packet tables: BRIN on (run_key, time) on PostgreSQL: built after the load of each partition in
 # one cheap pass, and packets arrive in time order per capture point; a plain B-tree on SQLite, where it
 # also serves per-run deletes.
@@ -295,6 +311,7 @@ Index("ix_tcp_probe_run_ts", tcp_probe.c.run_key, tcp_probe.c.ts_ns, postgresql_
 Index("ix_qdisc_sample_run_ts", qdisc_sample.c.run_key, qdisc_sample.c.ts_ns, postgresql_using="brin")
 Index("ix_ss_sample_run_ts", ss_sample.c.run_key, ss_sample.c.ts_ns, postgresql_using="brin")
 Index("ix_iperf_interval_run_id", iperf_interval.c.run_id)
+Index("ix_kernel_trace_run_id", kernel_trace.c.run_id, kernel_trace.c.event)
 
 PARTITION_SCHEMA = "tcplab_part"
 PARTITIONED_TABLES = (packet, qdelay, tcp_probe, qdisc_sample, ss_sample)   # keyed by run_key

@@ -54,6 +54,8 @@ def _tasks_per_host(t: RunTemplate, flows: list[TemplateFlow]) -> Counter[str]:
         tasks[ln.host] += 1
     for role in senders:
         tasks[role] += int(t.tcp_probe) + int(t.ss is not None)
+    for role in t.kernel_trace.hosts if t.kernel_trace else []:
+        tasks[role] += 1
     return Counter({role: n + 1 for role, n in tasks.items()})   # + the CPU sampler (one per kernel, at most)
 
 

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from orchestrator.plan.checks.diagnose import problems_from
 from orchestrator.plan.checks.errors import Problem, format_path
+from orchestrator.plan.checks.ktrace_rules import timing_tag_problems
 from orchestrator.plan.checks.topology_rules import graph_problems
 from orchestrator.plan.expansion.matrix import (
     Assignment,
@@ -229,4 +230,5 @@ def plan_problems(plan: Plan) -> list[Problem]:
                 out.append(Problem(("experiments", i, "arms", k), f"no arm named {name!r} (arms: "
                                    f"{', '.join(arm_names) or 'none'})"))
     out += _matrix_shape(plan) + _conflicts(plan) + _param_names(plan) + graph_problems(plan)
+    out += timing_tag_problems(plan)
     return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from orchestrator.plan.checks.agent_limits import agent_limit_problems, too_many_flows
 from orchestrator.plan.checks.errors import Problem
+from orchestrator.plan.checks.ktrace_rules import kernel_trace_problems
 from orchestrator.plan.expansion.build import TemplateFlow, template_flows, traffic_groups
 from orchestrator.plan.expansion.derive import LinkRefs, link_refs, red_bytes, red_times
 from orchestrator.plan.model.frames import wire_frame_bytes
@@ -233,6 +234,7 @@ def run_problems(t: RunTemplate, roles: list[str], kernels: set[str] | None = No
         out.append(Problem(("mtu",), f"MTU {mtu} is outside 68..65535"))
     _bottleneck(t, roles, out)
     _hosts(t, roles, out)
+    out += kernel_trace_problems(t, roles)
     many = too_many_flows(t)   # before the flows are built one by one
     if many:
         out += many

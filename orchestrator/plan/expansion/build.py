@@ -17,6 +17,7 @@ from orchestrator.plan.expansion.runspec import (
     FlowSpec,
     HostSpec,
     KernelRef,
+    KernelTraceSpec,
     LinkRef,
 )
 from orchestrator.plan.model.frames import htb_burst_bytes
@@ -204,6 +205,18 @@ def qdisc_stat_links(t: RunTemplate) -> tuple[list[LinkRef], int]:
 def ss_interval_ms(t: RunTemplate) -> int | None:
     """The ss polling interval in whole milliseconds, None when the plan does not ask for it."""
     return None if t.ss is None else max(1, t.ss.interval.value // 10**6)
+
+
+def kernel_trace_spec(t: RunTemplate) -> KernelTraceSpec | None:
+    k = t.kernel_trace
+    if k is None:
+        return None
+    return KernelTraceSpec(
+        hosts=list(dict.fromkeys(k.hosts)), trace_printk=k.trace_printk,
+        tracepoints={tp.name: tp.filter for tp in k.tracepoints},
+        kprobes=[f.symbol for f in k.functions if f.method == "kprobe"],
+        function_graph=[f.symbol for f in k.functions if f.method == "function_graph"],
+        buffer_kib=k.buffer.value // 1024)
 
 
 def ack_policy_spec(t: RunTemplate) -> AckPolicySpec | None:

@@ -20,6 +20,7 @@ from orchestrator.plan.expansion.build import (
     event_specs,
     flow_specs,
     host_specs,
+    kernel_trace_spec,
     merged_host_section,
     qdisc_stat_links,
     ss_interval_ms,
@@ -106,6 +107,7 @@ def _run_specs(plan: Plan, r: CellRun, varied: dict[str, KeyPath], a: Adaptation
         topology=topology_spec(plan),
         flows=flow_specs(t), captures=capture_points(t), qdisc_stats=stats, qdisc_stats_interval_ms=interval,
         tcp_probe=t.tcp_probe, ss_interval_ms=ss_interval_ms(t), ack_policy=ack_policy_spec(t), events=event_specs(t),
+        kernel_trace=kernel_trace_spec(t),
         analysis=analysis_spec(t), accept_guards=list(t.accept_guards), **extra)
     return [RunSpec(run_id=f"{stem}-r{rep}", repetition=rep, seed=run_seed(plan, key, rep), **common)
             for rep in range(r.cell.repetitions)]

@@ -107,6 +107,18 @@ class EventSpec(_Strict):
     delay_ns: int | None = None
 
 
+class KernelTraceSpec(_Strict):
+    """Kernel-side timing on some hosts (plan `kernel_trace`, docs/plans.md#kernel_trace): timing runs (G-PROBE)."""
+
+    hosts: list[str]
+    trace_printk: bool = False
+    tracepoints: dict[str, str | None] = Field(default_factory=dict, description="`system:event` -> filter or None")
+    kprobes: list[str] = Field(default_factory=list, description="symbols timed by a kprobe + kretprobe pair")
+    function_graph: list[str] = Field(default_factory=list, description="symbols timed by the function_graph "
+                                      "tracer (not executed by this agent version: refused at preflight)")
+    buffer_kib: int = 16384
+
+
 class AnalysisSpec(_Strict):
     warmup_s: float = 0.0
     measure_s: float | None = None
@@ -230,6 +242,8 @@ class RunSpec(_Strict):
     tcp_probe: bool = True
     ss_interval_ms: int | None = Field(default=None, description="poll `ss -tinH` on the senders (None: off)")
     ack_policy: AckPolicySpec | None = None
+    kernel_trace: KernelTraceSpec | None = Field(default=None, description="kernel-side timing (left out of the "
+                                                 "JSON without it)")
     events: list[EventSpec] = Field(default_factory=list)
     analysis: AnalysisSpec = AnalysisSpec()
     accept_guards: list[str] = Field(default_factory=list, description="guards this run may trip (recorded)")
@@ -260,7 +274,7 @@ class RunSpec(_Strict):
         """Fields added after runs were stored are left out while unset: stored specs read and write back
         unchanged."""
         out = handler(self)
-        for name, unset in (("topology", None), ("profile", None), ("substitutions", [])):
+        for name, unset in (("topology", None), ("profile", None), ("substitutions", []), ("kernel_trace", None)):
             if out.get(name, unset) == unset and name in out:
                 del out[name]
         return out

@@ -13,6 +13,7 @@ from pydantic import BeforeValidator, StringConstraints
 
 from orchestrator.plan.model.conditions import AckPolicy, Analysis, Event
 from orchestrator.plan.model.fields import Strict, _f
+from orchestrator.plan.model.ktrace import KernelTrace
 from orchestrator.plan.model.names import RoleName, VariantName
 from orchestrator.plan.model.qdiscs import (  # noqa: F401 - re-exported: the stage models are part of the template
     BfifoQueue,
@@ -161,7 +162,7 @@ class RunTemplate(Strict):
 
     # Fields added after plans had results: left out of the run hash while at their default, so the run
     # ids (and "already complete" in a results DB) of every existing plan stay what they were.
-    HASH_SKIP_IF_DEFAULT: ClassVar[frozenset[str]] = frozenset({"ss"})
+    HASH_SKIP_IF_DEFAULT: ClassVar[frozenset[str]] = frozenset({"ss", "kernel_trace"})
 
     duration: PositiveTime = _f(..., "run length from T0 (flows, captures and pollers fit inside it)",
                                 "40s")
@@ -200,6 +201,10 @@ class RunTemplate(Strict):
     ss: SsPolling | None = _f(None, "poll `ss -tinH` on the senders: cwnd, ssthresh, rtt, pacing and delivery "
                               "rate, retransmissions, DCTCP alpha, BBR state per socket (table ss_sample)",
                               {"interval": "100ms"})
+    kernel_trace: KernelTrace | None = _f(
+        None, "kernel-side timing on some hosts: tracepoints, trace_printk lines, functions timed per call (table "
+        "kernel_trace); timing runs: the plan must be tagged `timing` (G-PROBE)",
+        {"hosts": ["sender"], "functions": ["tcp_write_xmit"], "tracepoints": ["timer:hrtimer_expire_entry"]})
     accept_guards: list[GuardId] = _f(
         [], "pitfall guards this run is meant to trip (the experiment studies the pitfall itself); they are "
         "recorded as flags instead of refusing the run", ["G-NETEM"])
