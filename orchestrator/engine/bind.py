@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from orchestrator.engine.event_tasks import event_tasks
 from orchestrator.guards.cpu import kernel_groups
 from orchestrator.inventory import Inventory
 from orchestrator.plan import RunSpec
@@ -112,6 +113,8 @@ def schedule_tasks(spec: RunSpec, inv: Inventory, tl: Timeline,
             tasks[role].append(protocol.SsSampleTask(
                 task_id="ss-sample", start_ns=tl.start_ns, stop_ns=tl.stop_ns, interval_ms=spec.ss_interval_ms,
                 ports=ports, dst_addrs=sorted({inv.hosts[f.dst].data_addr for f in mine})))
+    for role, events in event_tasks(spec, inv, tl.t0_ns).items():
+        tasks[role].extend(events)
     return {role: t for role, t in tasks.items() if t}
 
 

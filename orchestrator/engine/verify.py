@@ -5,6 +5,7 @@ parameter is compared with what the kernel reports, and each mismatch is named.
 """
 from __future__ import annotations
 
+from orchestrator.engine.event_tasks import event_problems
 from orchestrator.plan import RunSpec
 from orchestrator.plan.model.kernels import release_matches
 from schemas import allowlist, protocol
@@ -236,6 +237,5 @@ def unsupported_features(spec: RunSpec, caps: dict[str, protocol.Capabilities]) 
                        "version does not have")
     if spec.ack_policy is not None and spec.ack_policy.mechanism != "stock":
         out.append(f"ack_policy mechanism {spec.ack_policy.mechanism} is not applied by this agent version")
-    for e in spec.events:
-        out.append(f"host {e.link.host}: event {e.action} at {e.at_s:g}s is not executed by this agent version")
+    out += event_problems(spec)   # events run (agents/events.py) when their chain has the stage they change
     return out
