@@ -99,11 +99,13 @@ class EventRunner(TaskRunner):
                                   "scheduled_ns": s.start_ns, "woke_ns": time.time_ns()}
         try:
             if isinstance(action, ChangeStage):
+                record["stage"] = action.stage.model_dump(mode="json")
                 record["start"] = await asyncio.to_thread(timed_run, [change_stage_argv(s.interface, action)])
                 record["readback"] = await asyncio.to_thread(read_back, readback_argv(s.interface, action))
             elif isinstance(action, Blackout):
                 await self._blackout(action, record)
             elif isinstance(action, StopFlows):
+                record["task_ids"] = list(action.task_ids)
                 record["start"] = self._stop_flows(action)
         finally:
             (self.run_dir / self.out_name).write_text(json.dumps(record, indent=1))
@@ -114,6 +116,7 @@ class EventRunner(TaskRunner):
         qdiscs = await asyncio.to_thread(read_back, {"q": ["tc", "-j", "qdisc", "show", "dev", dev]})
         add_clsact = not has_clsact(qdiscs["q"] if isinstance(qdiscs["q"], list) else [])
         record["end_scheduled_ns"] = self.spec.start_ns + action.duration_ns
+        record["duration_ns"] = action.duration_ns
         record["start"] = await asyncio.to_thread(timed_run, blackout_on_argv(dev, add_clsact))
         try:
             record["readback"] = await asyncio.to_thread(read_back, readback_argv(dev, action))
