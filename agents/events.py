@@ -37,20 +37,19 @@ def change_stage_argv(dev: str, change: ChangeStage) -> list[str]:
     return ["tc", "qdisc", "change", "dev", dev, *where, "handle", f"{i + 1}:", *stage_params(stage)]
 
 
-def blackout_on_argv(dev: str, add_clsact: bool) -> list[list[str]]:
-    filt = ["tc", "filter", "add", "dev", dev, "egress", "pref", BLACKOUT_PREF, "bpf", "da", "bytecode",
+def clsact_add_argv(dev: str) -> list[str]:
+    return ["tc", "qdisc", "add", "dev", dev, "clsact"]
+
+
+def blackout_filter_argv(dev: str) -> list[str]:
+    return ["tc", "filter", "add", "dev", dev, "egress", "pref", BLACKOUT_PREF, "bpf", "da", "bytecode",
             DROP_ALL_BYTECODE]
-    return ([["tc", "qdisc", "add", "dev", dev, "clsact"]] if add_clsact else []) + [filt]
 
 
 def blackout_off_argv(dev: str, added_clsact: bool) -> list[list[str]]:
     if added_clsact:   # deleting clsact removes its filters with it
         return [["tc", "qdisc", "del", "dev", dev, "clsact"]]
     return [["tc", "filter", "del", "dev", dev, "egress", "pref", BLACKOUT_PREF]]
-
-
-def has_clsact(tc_qdisc_json: list[dict[str, Any]]) -> bool:
-    return any(q.get("kind") == "clsact" for q in tc_qdisc_json)
 
 
 def readback_argv(dev: str, change: ChangeStage | Blackout) -> dict[str, list[str]]:
@@ -113,11 +112,14 @@ class EventRunner(TaskRunner):
 
     async def _blackout(self, action: Blackout, record: dict[str, Any]) -> None:
         dev = self.spec.interface
-        qdiscs = await asyncio.to_thread(read_back, {"q": ["tc", "-j", "qdisc", "show", "dev", dev]})
-        add_clsact = not has_clsact(qdiscs["q"] if isinstance(qdiscs["q"], list) else [])
         record["end_scheduled_ns"] = self.spec.start_ns + action.duration_ns
         record["duration_ns"] = action.duration_ns
-        record["start"] = await asyncio.to_thread(timed_run, blackout_on_argv(dev, add_clsact))
+        # no read before acting (it would add its own time to the lag): an existing clsact (not ours to
+        # remove) makes the add fail, and then only our filter goes at the end
+        issued = time.time_ns()
+        added = (await asyncio.to_thread(procs.run, clsact_add_argv(dev), False)).returncode == 0
+        record["start"] = {**await asyncio.to_thread(timed_run, [blackout_filter_argv(dev)]), "issued_ns": issued,
+                           "added_clsact": added, "argv": [clsact_add_argv(dev), blackout_filter_argv(dev)]}
         try:
             record["readback"] = await asyncio.to_thread(read_back, readback_argv(dev, action))
             delay = (record["end_scheduled_ns"] - time.time_ns()) / 1e9
@@ -126,7 +128,7 @@ class EventRunner(TaskRunner):
         except TimeoutError:
             pass
         finally:
-            record["end"] = await asyncio.to_thread(timed_run, blackout_off_argv(dev, add_clsact))
+            record["end"] = await asyncio.to_thread(timed_run, blackout_off_argv(dev, added))
 
     def _stop_flows(self, action: StopFlows) -> dict[str, Any]:
         issued = time.time_ns()

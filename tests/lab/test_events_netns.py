@@ -18,7 +18,7 @@ from sqlalchemy import text
 from analysis.load import iter_runs
 from analysis.report import run_series, write_report
 from analysis.summary import summarise
-from tests.lab.conftest import run_lab_plan_unloaded
+from tests.lab.conftest import run_lab_plan, stored_flags
 
 RATE_BEFORE, RATE_AFTER = 20e6, 5e6
 PLAN = """
@@ -55,11 +55,14 @@ def events_run(lab, tmp_path_factory):
     out = tmp_path_factory.mktemp("events")
     plan = out / "events.yaml"
     plan.write_text(PLAN)
-    db = run_lab_plan_unloaded(plan, state_dir, out)
+    # not run_lab_plan_unloaded: the lags and the blackout are claims under whatever load the lab has; only
+    # the goodput check is physics that a saturated lab host invalidates (it skips then, naming G-CPULOAD)
+    db = run_lab_plan(plan, state_dir, out)
     with db.connect() as conn:
         rows = {r.action: r for r in conn.execute(text("SELECT * FROM run_event ORDER BY event_index")).all()}
     (data,) = list(iter_runs(db, detail=True))
-    return db, rows, data, out
+    loaded = [str(f) for fs in stored_flags(db).values() for f in fs if f.guard == "G-CPULOAD"]
+    return db, rows, data, out, loaded
 
 
 def _goodput_bit(pkts: np.ndarray, a_ns: int, b_ns: int) -> float:
@@ -68,7 +71,7 @@ def _goodput_bit(pkts: np.ndarray, a_ns: int, b_ns: int) -> float:
 
 
 def test_event_lags_are_small(events_run):
-    _, rows, data, _ = events_run
+    _, rows, data, _, _ = events_run
     assert set(rows) == {"set_rate", "ack_blackout"}
     t0 = data.meta.t0_ns
     for r in rows.values():
@@ -82,7 +85,7 @@ def test_event_lags_are_small(events_run):
 
 
 def test_set_rate_reads_back_and_shows_in_goodput(events_run):
-    _, rows, data, _ = events_run
+    _, rows, data, _, loaded = events_run
     detail = rows["set_rate"].detail
     detail = json.loads(detail) if isinstance(detail, str) else detail
     assert "rate 5Mbit" in detail["readback"]["tc_class_text"]
@@ -92,12 +95,14 @@ def test_set_rate_reads_back_and_shows_in_goodput(events_run):
     # the 30-packet pfifo (~73 ms at 5 Mbit/s) drains at the new rate: skip 300 ms, stop before the blackout
     after = _goodput_bit(pkts, eff + 300_000_000, rows["ack_blackout"].scheduled_ns)
     print(f"goodput at aqm:to-client: {before / 1e6:.2f} Mbit/s before, {after / 1e6:.2f} Mbit/s after set_rate")
+    if loaded:
+        pytest.skip(f"G-CPULOAD: the lab host was saturated, goodput is not the network's: {loaded[0]}")
     assert 0.85 * RATE_BEFORE <= before <= RATE_BEFORE
     assert 0.85 * RATE_AFTER <= after <= 1.02 * RATE_AFTER
 
 
 def test_ack_blackout_silences_the_receiver(events_run):
-    _, rows, data, _ = events_run
+    _, rows, data, _, _ = events_run
     b = rows["ack_blackout"]
     ((_, acks),) = data.sender_side.values()
     ts = acks["ts_ns"]
@@ -113,7 +118,7 @@ def test_ack_blackout_silences_the_receiver(events_run):
 
 
 def test_report_marks_the_events(events_run):
-    db, rows, data, out = events_run
+    db, rows, data, out, _ = events_run
     marks = run_series(data, summarise(data)).events
     assert [m.label for m in marks] == ["set_rate 5mbit", "ack_blackout"]
     assert marks[0].t_s == pytest.approx((rows["set_rate"].effective_ns - data.meta.t0_ns) / 1e9)
