@@ -1,0 +1,104 @@
+"""A `set_delay` event on the VM lab, proven from the packets (docs/plans.md "Events").
+
+The host kernel has no netem, so the aqm is a Debian-kernel guest: netem 10 ms -> htb 10 Mbit/s -> pfifo
+10 toward the client; at T0 + 5 s the aqm's event task changes netem's delay to 50 ms. At the aqm's capture
+toward the server (where the data enters the aqm, and the ACKs leave it), each ACK that acknowledges exactly
+the end of a data segment gives that segment an RTT sample (netem + queue + the client's turnaround). Every
+segment seen before the change took effect must show the old delay (< 35 ms: 10 ms + at most 12 ms of
+queue), every one from 20 ms after the scheduled time on the new one (>= 50 ms): the step in the RTT series
+sits within 20 ms of its scheduled time. The event's own lag (effective - scheduled) comes from run_event.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from sqlalchemy import text
+
+from analysis.load import iter_runs
+from tests.lab.conftest import run_lab_plan, vm_lab_up
+
+PREFIX = os.environ.get("TCPLAB_TEST_PREFIX", "tcplabtest")[:6] + "ev"
+STEP_NS = 20_000_000
+PLAN = """
+version: 1
+name: vm-set-delay
+description: netem 10 ms -> 50 ms at 5 s on a VM-lab aqm
+roles: [client, aqm, server]
+tags: [vm-lab]
+repetitions: 1
+seed: 1
+run:
+  duration: 8s
+  mtu: 1500
+  bottleneck:
+    at: {host: aqm, toward: client}
+    rate: 10mbit
+    delay: 10ms
+    line_rate: 1gbit
+    queue: {kind: pfifo, limit: 10}
+  traffic: {tool: iperf3, src: server, dst: client, cc: cubic, flows: 1, base_port: 5201}
+  hosts:
+    all:
+      offloads: {tso: off, gso: off, gro: off}
+      sysctls:
+        net.ipv4.tcp_no_metrics_save: 1
+        net.ipv4.tcp_timestamps: 1
+  captures:
+    - {host: aqm, toward: client}
+    - {host: aqm, toward: server}
+  tcp_probe: true
+  events:
+    - {at: 5s, action: set_delay, host: aqm, toward: client, delay: 50ms}
+"""
+
+
+@pytest.fixture(scope="module")
+def vm_lab(tmp_path_factory):
+    yield from vm_lab_up(tmp_path_factory, PREFIX, ("aqm",))
+
+
+def rtt_samples(data: np.ndarray, acks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(data packet time, RTT) for each segment whose end an ACK acknowledges exactly, first transmissions
+    only (a retransmitted end is ambiguous and left out)."""
+    seg = data[data["payload_len"] > 0]
+    ends = (seg["seq"].astype(np.int64) + seg["payload_len"]) % 2**32
+    uniq, first, counts = np.unique(ends, return_index=True, return_counts=True)
+    once = counts == 1
+    end_ts = dict(zip(uniq[once].tolist(), seg["ts_ns"][first[once]].tolist(), strict=True))
+    out_t, out_rtt = [], []
+    seen = set()
+    for a, ts in zip(acks["ack"].astype(np.int64).tolist(), acks["ts_ns"].tolist(), strict=True):
+        if a in end_ts and a not in seen:
+            seen.add(a)
+            out_t.append(end_ts[a])
+            out_rtt.append(ts - end_ts[a])
+    order = np.argsort(out_t)
+    return np.asarray(out_t)[order], np.asarray(out_rtt)[order]
+
+
+def test_set_delay_steps_the_rtt_at_its_time(vm_lab, tmp_path):
+    _, state_dir = vm_lab
+    plan = tmp_path / "set-delay.yaml"
+    plan.write_text(PLAN)
+    db = run_lab_plan(plan, state_dir, tmp_path)
+    with db.connect() as conn:
+        (ev,) = conn.execute(text("SELECT * FROM run_event")).all()
+    (run,) = list(iter_runs(db, detail=True))
+    detail = json.loads(ev.detail) if isinstance(ev.detail, str) else ev.detail
+    ((data, acks),) = run.sender_side.values()
+    t, rtt = rtt_samples(data, acks)
+    before, after = rtt[t < ev.effective_ns], rtt[t >= ev.scheduled_ns + STEP_NS]
+    first_slow = t[(rtt >= 35_000_000) & (t >= ev.scheduled_ns - 1_000_000_000)]
+    print(f"set_delay: issued +{(ev.issued_ns - ev.scheduled_ns) / 1e6:.2f} ms, effective +{ev.lag_ns / 1e6:.2f} ms; "
+          f"RTT before {np.median(before) / 1e6:.1f} ms (max {before.max() / 1e6:.1f}, {before.size} samples), after "
+          f"{np.median(after) / 1e6:.1f} ms (min {after.min() / 1e6:.1f}, {after.size}); first segment with the new "
+          f"delay at +{(first_slow[0] - ev.scheduled_ns) / 1e6:.2f} ms from the scheduled time")
+    netem = [q for q in detail["readback"]["tc_qdisc"] if q["kind"] == "netem"]
+    assert netem and netem[0]["options"]["delay"]["delay"] == pytest.approx(0.05)
+    assert 0 <= ev.lag_ns < STEP_NS
+    assert before.size > 100 and after.size > 50
+    assert before.max() < 35_000_000 and after.min() >= 50_000_000
+    assert 0 <= first_slow[0] - ev.scheduled_ns < STEP_NS
