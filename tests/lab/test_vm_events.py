@@ -6,7 +6,8 @@ toward the server (where the data enters the aqm, and the ACKs leave it), each A
 the end of a data segment gives that segment an RTT sample (netem + queue + the client's turnaround). Every
 segment seen before the change was issued shows the old delay (95th percentile < 35 ms: 10 ms + at most
 12 ms of queue; a delayed ACK stretches a few), every one from 20 ms after the scheduled time on carries the
-new 50 ms floor: the step in the RTT series sits within 20 ms of its scheduled time. The event's own lag (effective - scheduled) comes from run_event.
+new 50 ms floor: the step in the RTT series sits within 20 ms of its scheduled time.
+The event's own lag (effective - scheduled) comes from run_event.
 """
 from __future__ import annotations
 
