@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from agents.host import baseline, ethtool, modules, neighbours
+from agents.events import blackout_off_argv
 from agents.host.argv import ChainError, RawQdisc, chain_argv, offload_argv, root_delete_argv
 from agents.host.baseline import Baseline, InterfaceSnapshot, Snapshot
 from agents.host.errors import NotAllowed, StateError
@@ -308,6 +309,8 @@ class HostStateExecutor:
 
     def _reset_interface(self, dev: str, snap: InterfaceSnapshot) -> None:
         self._reset_root(dev)
+        # an ack_blackout's drop filter (agents/events.py) outlives a killed agent: only that filter goes
+        procs.run(blackout_off_argv(dev, added_clsact=False)[0], check=False)
         self._apply_offloads(dev, snap.features)
         if snap.coalesce is not None:
             self._apply_coalesce(dev, snap.coalesce)
