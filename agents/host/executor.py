@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agents.host import baseline, ethtool, modules, neighbours
 from agents.events import blackout_off_argv
+from agents.host import baseline, ethtool, modules, neighbours
 from agents.host.argv import ChainError, RawQdisc, chain_argv, offload_argv, root_delete_argv
 from agents.host.baseline import Baseline, InterfaceSnapshot, Snapshot
 from agents.host.errors import NotAllowed, StateError
