@@ -14,6 +14,7 @@ from typing import Any
 
 from agents.host.argv import stage_params
 from agents.taskbase import TaskRunner
+from agents.tcbatch import PreparedTc
 from schemas import procs
 from schemas.events import Blackout, ChangeStage, StopFlows
 from schemas.qdiscs import kind_of
@@ -61,14 +62,6 @@ def readback_argv(dev: str, change: ChangeStage | Blackout) -> dict[str, list[st
     return out
 
 
-def timed_run(argvs: list[list[str]]) -> dict[str, Any]:
-    """Run tc commands in order; when the first was issued and the last returned (CLOCK_REALTIME ns)."""
-    issued = time.time_ns()
-    for argv in argvs:
-        procs.run(argv)
-    return {"issued_ns": issued, "returned_ns": time.time_ns(), "argv": argvs}
-
-
 def read_back(argvs: dict[str, list[str]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, argv in argvs.items():
@@ -87,10 +80,26 @@ class EventRunner(TaskRunner):
     def __init__(self, spec: Any, run_dir: Any):
         super().__init__(spec, run_dir)
         self.peers: list[TaskRunner] = []   # the other tasks of the schedule (stop_flows acts on them)
+        self.batches: list[PreparedTc] = []
 
     @property
     def out_name(self) -> str:
         return f"event-{self.spec.index}.json"
+
+    async def run(self) -> None:
+        # the tc processes start now, not at the event's time (agents/tcbatch.py)
+        self.batches = [PreparedTc() for _ in range(2 if isinstance(self.spec.action, Blackout) else
+                                                     1 if isinstance(self.spec.action, ChangeStage) else 0)]
+        try:
+            for b in self.batches:
+                try:
+                    await b.start()
+                except OSError:
+                    pass   # PreparedTc.run starts it late; a missing tc then fails the task there
+            await super().run()
+        finally:
+            for b in self.batches:
+                await b.close()
 
     async def execute(self) -> None:
         s, action = self.spec, self.spec.action
@@ -99,7 +108,9 @@ class EventRunner(TaskRunner):
         try:
             if isinstance(action, ChangeStage):
                 record["stage"] = action.stage.model_dump(mode="json")
-                record["start"] = await asyncio.to_thread(timed_run, [change_stage_argv(s.interface, action)])
+                record["start"] = done = await self.batches[0].run([change_stage_argv(s.interface, action)])
+                if done["returncode"] != 0:
+                    raise RuntimeError(f"tc refused the change: {done['stderr'].strip()}")
                 record["readback"] = await asyncio.to_thread(read_back, readback_argv(s.interface, action))
             elif isinstance(action, Blackout):
                 await self._blackout(action, record)
@@ -115,12 +126,13 @@ class EventRunner(TaskRunner):
         record["end_scheduled_ns"] = self.spec.start_ns + action.duration_ns
         record["duration_ns"] = action.duration_ns
         # no read before acting (it would add its own time to the lag): an existing clsact (not ours to
-        # remove) makes the add fail, and then only our filter goes at the end
-        issued = time.time_ns()
-        added = (await asyncio.to_thread(procs.run, clsact_add_argv(dev), False)).returncode == 0
-        record["start"] = {**await asyncio.to_thread(timed_run, [blackout_filter_argv(dev)]), "issued_ns": issued,
-                           "added_clsact": added, "argv": [clsact_add_argv(dev), blackout_filter_argv(dev)]}
+        # remove) makes the add (line 1) fail, and then only our filter goes at the end
+        record["start"] = done = await self.batches[0].run([clsact_add_argv(dev), blackout_filter_argv(dev)])
+        added = 1 not in done["failed_lines"]
+        done["added_clsact"] = added
         try:
+            if 2 in done["failed_lines"]:
+                raise RuntimeError(f"tc refused the drop filter: {done['stderr'].strip()}")
             record["readback"] = await asyncio.to_thread(read_back, readback_argv(dev, action))
             delay = (record["end_scheduled_ns"] - time.time_ns()) / 1e9
             # a stop (the run aborted) ends the window early: the filter never outlives the task
@@ -128,7 +140,7 @@ class EventRunner(TaskRunner):
         except TimeoutError:
             pass
         finally:
-            record["end"] = await asyncio.to_thread(timed_run, blackout_off_argv(dev, added))
+            record["end"] = await self.batches[1].run(blackout_off_argv(dev, added))
 
     def _stop_flows(self, action: StopFlows) -> dict[str, Any]:
         issued = time.time_ns()

@@ -50,7 +50,7 @@ run:
   captures:
     - {host: aqm, toward: client}
     - {host: aqm, toward: server}
-  tcp_probe: true
+  tcp_probe: false
   events:
     - {at: 5s, action: set_delay, host: aqm, toward: client, delay: 50ms}
 """

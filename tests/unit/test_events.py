@@ -19,6 +19,7 @@ from agents.events import (
     clsact_add_argv,
     readback_argv,
 )
+from agents.tcbatch import batch_line, failed_lines
 from analysis.events import EventRow, event_label, event_marks
 from orchestrator.engine.bind import schedule_tasks, timeline
 from orchestrator.engine.event_tasks import event_actions, event_problems
@@ -215,3 +216,23 @@ def test_lag_and_marks() -> None:
     assert [(m.t_s, m.label, m.end_s) for m in marks] == [(4.0, "set_delay 50ms", None),
                                                            (6.002, "ack_blackout", 6.5)]
     assert event_label("set_loss", {"stage": {"loss": 0.01}}) == "set_loss 1%"
+
+
+# ---------------------------------------------------------------- agent: the prepared tc batch
+
+def test_batch_lines_quote_only_the_bytecode() -> None:
+    assert batch_line(blackout_filter_argv("to-aqm")) == (
+        'filter add dev to-aqm egress pref 49 bpf da bytecode "1,6 0 0 2,"')
+    htb = ChangeStage(stage_index=0, stage=Htb(rate_bit=5_000_000))
+    assert batch_line(change_stage_argv("eth1", htb)) == (
+        "class change dev eth1 parent 1: classid 1:1 htb rate 5000000bit ceil 5000000bit")
+    for bad in (["ip", "link"], ["tc", "qdisc", 'x"y'], ["tc", "qdisc", "a\\nqdisc del dev x root"],
+                ["tc", "qdisc", "# comment"], ["tc", "qdisc", "root\n"]):
+        with pytest.raises(ValueError):
+            batch_line(bad)
+
+
+def test_failed_batch_lines_from_tc_stderr() -> None:
+    # literal stderr of `tc -force -batch -` (iproute2 6.x, this host) with clsact already on the device
+    assert failed_lines("Error: Exclusivity flag on, cannot modify.\nCommand failed -:2\n") == [2]
+    assert failed_lines("") == []
