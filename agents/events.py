@@ -53,6 +53,22 @@ def blackout_off_argv(dev: str, added_clsact: bool) -> list[list[str]]:
     return [["tc", "filter", "del", "dev", dev, "egress", "pref", BLACKOUT_PREF]]
 
 
+WARM_HANDLE = "fffe"   # no chain stage has it (stage i has i+1:) and clsact/ingress own ffff:
+
+
+def warm_argv(dev: str, action: ChangeStage | Blackout) -> list[list[str]]:
+    """Commands that run the same tc code as the event but change nothing (agents/tcbatch.py): the stage's
+    change aimed at a handle or class that does not exist, the blackout's as `change` (no create)."""
+    if isinstance(action, Blackout):
+        return [["tc", "qdisc", "change", "dev", dev, "clsact"],
+                ["tc", "filter", "change", *blackout_filter_argv(dev)[3:]]]
+    argv = change_stage_argv(dev, action)
+    i = action.stage_index
+    if argv[1] == "class":
+        return [[f"{i + 1}:{WARM_HANDLE}" if a == f"{i + 1}:1" else a for a in argv]]
+    return [[f"{WARM_HANDLE}:" if a == f"{i + 1}:" and argv[k - 1] == "handle" else a for k, a in enumerate(argv)]]
+
+
 def readback_argv(dev: str, change: ChangeStage | Blackout) -> dict[str, list[str]]:
     if isinstance(change, Blackout):
         return {"tc_filter": ["tc", "-j", "filter", "show", "dev", dev, "egress"]}
@@ -93,7 +109,7 @@ class EventRunner(TaskRunner):
         try:
             for b in self.batches:
                 try:
-                    await b.start()
+                    await b.start(warm_argv(self.spec.interface, self.spec.action))
                 except OSError:
                     pass   # PreparedTc.run starts it late; a missing tc then fails the task there
             await super().run()
@@ -109,7 +125,7 @@ class EventRunner(TaskRunner):
             if isinstance(action, ChangeStage):
                 record["stage"] = action.stage.model_dump(mode="json")
                 record["start"] = done = await self.batches[0].run([change_stage_argv(s.interface, action)])
-                if done["returncode"] != 0:
+                if done["failed_lines"]:
                     raise RuntimeError(f"tc refused the change: {done['stderr'].strip()}")
                 record["readback"] = await asyncio.to_thread(read_back, readback_argv(s.interface, action))
             elif isinstance(action, Blackout):

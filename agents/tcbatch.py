@@ -4,6 +4,12 @@ A timed event must not pay for a process start at its moment: in a loaded TCG gu
 0.7 s (VM lab, set_delay). The batch process is spawned when the task is scheduled and blocks on its stdin;
 at the event the agent writes the command lines and closes stdin, and tc performs them in order and exits.
 `returned_ns` (tc's exit) bounds from above when the last change was in force.
+
+Started is not enough: the guests run tc from the host's filesystem (virtiofs/9p), so code tc has not run yet
+(netem's option parser, the exit path) is paged in at the event -- 0.2 s before the change and another 0.25 s
+before tc's exit in a loaded TCG guest. So the batch first runs `warm` lines: the same commands aimed at
+nothing (a handle or class that does not exist, `change` without create), which the kernel refuses without
+changing anything; their errors are left out of the record.
 """
 from __future__ import annotations
 
@@ -41,13 +47,20 @@ class PreparedTc:
 
     def __init__(self) -> None:
         self.proc: asyncio.subprocess.Process | None = None
+        self.warm_lines = 0
 
-    async def start(self) -> None:
+    async def start(self, warm: list[list[str]] | None = None) -> None:
         self.proc = await spawn(["tc", "-force", "-batch", "-"], stdin=asyncio.subprocess.PIPE,
                                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        if warm:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write("".join(batch_line(a) + "\n" for a in warm).encode())
+            await self.proc.stdin.drain()
+            self.warm_lines = len(warm)
 
     async def run(self, argvs: list[list[str]]) -> dict[str, Any]:
-        """Issue the commands; when they were issued and when tc returned, and the lines that failed."""
+        """Issue the commands; when they were issued and when tc returned, and which of them failed (1-based;
+        tc's exit status also counts the warm lines' refusals, so it is not used)."""
         data = "".join(batch_line(a) + "\n" for a in argvs).encode()
         issued = time.time_ns()
         if self.proc is None:   # not prepared (spawn failed earlier): pay for the process start now
@@ -56,8 +69,9 @@ class PreparedTc:
         _, err = await asyncio.wait_for(self.proc.communicate(data), 30)
         returned = time.time_ns()
         stderr = err.decode(errors="replace")
-        return {"issued_ns": issued, "returned_ns": returned, "argv": argvs, "returncode": self.proc.returncode,
-                "failed_lines": failed_lines(stderr), "stderr": stderr[-1000:]}
+        failed = [n - self.warm_lines for n in failed_lines(stderr) if n > self.warm_lines]
+        return {"issued_ns": issued, "returned_ns": returned, "argv": argvs, "warm_lines": self.warm_lines,
+                "failed_lines": failed, "stderr": stderr[-2000:]}
 
     async def close(self) -> None:
         if self.proc is not None and self.proc.returncode is None:

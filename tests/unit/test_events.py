@@ -18,6 +18,7 @@ from agents.events import (
     change_stage_argv,
     clsact_add_argv,
     readback_argv,
+    warm_argv,
 )
 from agents.tcbatch import batch_line, failed_lines
 from analysis.events import EventRow, event_label, event_marks
@@ -236,3 +237,16 @@ def test_failed_batch_lines_from_tc_stderr() -> None:
     # literal stderr of `tc -force -batch -` (iproute2 6.x, this host) with clsact already on the device
     assert failed_lines("Error: Exclusivity flag on, cannot modify.\nCommand failed -:2\n") == [2]
     assert failed_lines("") == []
+
+
+def test_warm_lines_aim_at_nothing() -> None:
+    netem = ChangeStage(stage_index=1, stage=Netem(delay_ns=50_000_000, limit_packets=1000))
+    assert warm_argv("to-client", netem) == [["tc", "qdisc", "change", "dev", "to-client", "parent", "1:1", "handle",
+                                              "fffe:", "netem", "delay", "50000us", "limit", "1000"]]
+    htb = ChangeStage(stage_index=0, stage=Htb(rate_bit=5_000_000))
+    assert warm_argv("va", htb)[0][5:9] == ["parent", "1:", "classid", "1:fffe"]
+    # literal: this host's tc refuses all three (htb 1: with class 1:1 on va), and nothing changes
+    assert [batch_line(a) for a in warm_argv("va", htb) + warm_argv("va", Blackout(duration_ns=1))] == [
+        "class change dev va parent 1: classid 1:fffe htb rate 5000000bit ceil 5000000bit",
+        "qdisc change dev va clsact",
+        'filter change dev va egress pref 49 bpf da bytecode "1,6 0 0 2,"']
