@@ -124,7 +124,8 @@ class EventRunner(TaskRunner):
         try:
             if isinstance(action, ChangeStage):
                 record["stage"] = action.stage.model_dump(mode="json")
-                record["start"] = done = await self.batches[0].run([change_stage_argv(s.interface, action)])
+                record["start"] = done = await self.batches[0].run([change_stage_argv(s.interface, action)],
+                                                                   warm_argv(s.interface, action)[-1])
                 if done["failed_lines"]:
                     raise RuntimeError(f"tc refused the change: {done['stderr'].strip()}")
                 record["readback"] = await asyncio.to_thread(read_back, readback_argv(s.interface, action))
@@ -143,7 +144,8 @@ class EventRunner(TaskRunner):
         record["duration_ns"] = action.duration_ns
         # no read before acting (it would add its own time to the lag): an existing clsact (not ours to
         # remove) makes the add (line 1) fail, and then only our filter goes at the end
-        record["start"] = done = await self.batches[0].run([clsact_add_argv(dev), blackout_filter_argv(dev)])
+        sentinel = warm_argv(dev, action)[-1]
+        record["start"] = done = await self.batches[0].run([clsact_add_argv(dev), blackout_filter_argv(dev)], sentinel)
         added = 1 not in done["failed_lines"]
         done["added_clsact"] = added
         try:
@@ -156,7 +158,7 @@ class EventRunner(TaskRunner):
         except TimeoutError:
             pass
         finally:
-            record["end"] = await self.batches[1].run(blackout_off_argv(dev, added))
+            record["end"] = await self.batches[1].run(blackout_off_argv(dev, added), sentinel)
 
     def _stop_flows(self, action: StopFlows) -> dict[str, Any]:
         issued = time.time_ns()
