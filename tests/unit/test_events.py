@@ -4,7 +4,9 @@ record -> run_event parsing and the lag, and the plot marks. Records and read-ba
 a netns lab run (tests/fixtures/events/), the blackout's argv was run against this host's kernel."""
 from __future__ import annotations
 
+import asyncio
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,7 @@ from agents.events import (
     readback_argv,
     warm_argv,
 )
-from agents.tcbatch import batch_line, failed_lines
+from agents.tcbatch import PreparedTc, batch_line, failed_lines
 from analysis.events import EventRow, event_label, event_marks
 from orchestrator.engine.bind import schedule_tasks, timeline
 from orchestrator.engine.event_tasks import event_actions, event_problems
@@ -250,3 +252,26 @@ def test_warm_lines_aim_at_nothing() -> None:
         "class change dev va parent 1: classid 1:fffe htb rate 5000000bit ceil 5000000bit",
         "qdisc change dev va clsact",
         'filter change dev va egress pref 49 bpf da bytecode "1,6 0 0 2,"']
+
+
+@pytest.mark.skipif(shutil.which("tc") is None, reason="needs tc (iproute2)")
+def test_prepared_batch_reports_done_and_failures_with_the_real_tc() -> None:
+    """Against this host's tc, changing nothing: lines aimed at a class that does not exist on lo are
+    refused by the kernel; `qdisc show` succeeds."""
+    nothing = ["tc", "class", "change", "dev", "lo", "parent", "1:", "classid", "1:fffe", "htb", "rate", "8bit"]
+    show = ["tc", "qdisc", "show", "dev", "lo"]
+
+    async def go() -> tuple[dict, dict]:
+        ok, bad = PreparedTc(), PreparedTc()
+        try:
+            await ok.start([nothing, nothing])
+            await bad.start([nothing])
+            return await ok.run([show], nothing), await bad.run([show, nothing], nothing)
+        finally:
+            await ok.close()
+            await bad.close()
+
+    ok, bad = asyncio.run(go())
+    assert (ok["failed_lines"], ok["warm_lines"]) == ([], 2)
+    assert ok["issued_ns"] <= ok["returned_ns"] <= ok["exited_ns"]
+    assert bad["failed_lines"] == [2]
