@@ -7,7 +7,8 @@ the end of a data segment gives that segment an RTT sample (netem + queue + the 
 segment seen before the change was issued shows the old delay (95th percentile < 35 ms: 10 ms + at most
 12 ms of queue; a delayed ACK stretches a few), every one from 20 ms after the scheduled time on carries the
 new 50 ms floor: the step in the RTT series sits within 20 ms of its scheduled time.
-The event's own lag (effective - scheduled) comes from run_event.
+The event's own times come from run_event: issued within 20 ms; its effective time (tc reported the change
+done) is an upper bound the loaded guest stretches, held to 100 ms.
 """
 from __future__ import annotations
 
@@ -102,7 +103,11 @@ def test_set_delay_steps_the_rtt_at_its_time(vm_lab, tmp_path):
           f"series steps at +{(step_ns - ev.scheduled_ns) / 1e6:.2f} ms from the scheduled time")
     netem = [q for q in detail["readback"]["tc_qdisc"] if q["kind"] == "netem"]
     assert netem and netem[0]["options"]["delay"]["delay"] == pytest.approx(0.05)
-    assert 0 <= ev.lag_ns < STEP_NS
+    # the agent acted in time; its recorded effective time (tc reported the command done) is an upper bound
+    # that a loaded TCG guest stretches (tc's stderr line, the agent's wake-up: 40 ms seen), so it is held
+    # to a looser bound -- the packets above are what proves when the delay changed
+    assert 0 <= ev.issued_ns - ev.scheduled_ns < STEP_NS
+    assert 0 <= ev.lag_ns < 5 * STEP_NS
     assert before.size > 100 and after.size > 50
     assert np.percentile(before, 95) < 35_000_000 and after.min() >= 50_000_000
     assert -1_000_000 <= step_ns - ev.scheduled_ns < STEP_NS
