@@ -125,3 +125,54 @@ def test_report_marks_the_events(events_run):
     assert marks[1].end_s is not None and marks[1].end_s - marks[1].t_s == pytest.approx(0.5, abs=0.02)
     page = write_report(db, out / "report").read_text()
     assert page.count("<img") >= 4
+
+
+STOP_PLAN = """
+version: 1
+name: events-stop
+description: a background flow stopped at 2 s
+roles: [client, aqm, server]
+tags: [smoke]
+repetitions: 1
+seed: 1
+run:
+  duration: 4s
+  mtu: 1500
+  bottleneck:
+    at: {host: aqm, toward: client}
+    rate: 20mbit
+    queue: {kind: pfifo, limit: 30}
+  traffic: {tool: iperf3, src: server, dst: client, cc: cubic, flows: 1, base_port: 5201}
+  background: [{tool: iperf3, src: server, dst: client, cc: reno, flows: 1, base_port: 5401}]
+  hosts:
+    all:
+      offloads: {tso: off, gso: off, gro: off, sg: off}
+  captures:
+    - {host: aqm, toward: client}
+    - {host: aqm, toward: server}
+  events:
+    - {at: 2s, action: stop_flows, host: server, group: 1}
+"""
+
+
+def test_stop_flows_ends_the_group_and_keeps_the_rest(lab, tmp_path):
+    """The background group's iperf3 client is stopped at 2 s: its data stops at the aqm within the socket
+    buffer's drain time, the main flow goes on to the end, and the run completes."""
+    _, state_dir = lab
+    plan = tmp_path / "stop.yaml"
+    plan.write_text(STOP_PLAN)
+    db = run_lab_plan(plan, state_dir, tmp_path)
+    with db.connect() as conn:
+        (ev,) = conn.execute(text("SELECT * FROM run_event")).all()
+        (status,) = conn.execute(text("SELECT status FROM run")).one()
+    (data,) = list(iter_runs(db))
+    detail = json.loads(ev.detail) if isinstance(ev.detail, str) else ev.detail
+    main, background = data.packets[0], data.packets[1]
+    last_bg = int(background["ts_ns"].max())
+    print(f"stop_flows: effective +{ev.lag_ns / 1e6:.2f} ms, stopped {detail['start']['stopped']}; background's "
+          f"last data packet +{(last_bg - ev.effective_ns) / 1e6:.1f} ms after it, main flow's last "
+          f"+{(int(main['ts_ns'].max()) - ev.effective_ns) / 1e6:.0f} ms")
+    assert status == "complete" and ev.action == "stop_flows" and 0 <= ev.lag_ns < 20_000_000
+    assert detail["start"]["stopped"] == [{"task_id": "iperf3-client-1", "state": "running"}]
+    assert background["ts_ns"].min() < ev.scheduled_ns < last_bg < ev.effective_ns + 500_000_000
+    assert (main["ts_ns"] > ev.effective_ns + 1_500_000_000).sum() > 100

@@ -20,10 +20,11 @@ import pytest
 from sqlalchemy import text
 
 from analysis.load import iter_runs
-from tests.lab.conftest import run_lab_plan, vm_lab_up
+from tests.lab.conftest import run_lab_plan, stored_flags, vm_lab_up
 
 PREFIX = os.environ.get("TCPLAB_TEST_PREFIX", "tcplabtest")[:6] + "ev"
 STEP_NS = 20_000_000
+ATTEMPTS = 3
 PLAN = """
 version: 1
 name: vm-set-delay
@@ -85,7 +86,17 @@ def test_set_delay_steps_the_rtt_at_its_time(vm_lab, tmp_path):
     _, state_dir = vm_lab
     plan = tmp_path / "set-delay.yaml"
     plan.write_text(PLAN)
-    db = run_lab_plan(plan, state_dir, tmp_path)
+    # the step's timing is the guest's forwarding and timers: a run in which G-CPULOAD found the aqm guest's
+    # CPU saturated (the 2-core machine shared with other jobs: 90 ms p95 RTTs before the change were seen)
+    # says so itself, and is run again (at most ATTEMPTS times; then skipped naming the guard)
+    for attempt in range(ATTEMPTS):
+        db = run_lab_plan(plan, state_dir, tmp_path, force=attempt > 0)
+        loaded = [str(f) for fs in stored_flags(db).values() for f in fs if f.guard == "G-CPULOAD" and f.host == "aqm"]
+        if not loaded:
+            break
+        print(f"attempt {attempt + 1}: {loaded[0]}")
+    else:
+        pytest.skip(f"G-CPULOAD: the aqm guest was saturated in all {ATTEMPTS} attempts: {loaded[0]}")
     with db.connect() as conn:
         (ev,) = conn.execute(text("SELECT * FROM run_event")).all()
     (run,) = list(iter_runs(db, detail=True))
