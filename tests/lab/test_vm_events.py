@@ -82,21 +82,8 @@ def rtt_samples(data: np.ndarray, acks: np.ndarray) -> tuple[np.ndarray, np.ndar
     return np.asarray(out_t)[order], np.asarray(out_rtt)[order]
 
 
-def test_set_delay_steps_the_rtt_at_its_time(vm_lab, tmp_path):
-    _, state_dir = vm_lab
-    plan = tmp_path / "set-delay.yaml"
-    plan.write_text(PLAN)
-    # the step's timing is the guest's forwarding and timers: a run in which G-CPULOAD found the aqm guest's
-    # CPU saturated (the 2-core machine shared with other jobs: 90 ms p95 RTTs before the change were seen)
-    # says so itself, and is run again (at most ATTEMPTS times; then skipped naming the guard)
-    for attempt in range(ATTEMPTS):
-        db = run_lab_plan(plan, state_dir, tmp_path, force=attempt > 0)
-        loaded = [str(f) for fs in stored_flags(db).values() for f in fs if f.guard == "G-CPULOAD" and f.host == "aqm"]
-        if not loaded:
-            break
-        print(f"attempt {attempt + 1}: {loaded[0]}")
-    else:
-        pytest.skip(f"G-CPULOAD: the aqm guest was saturated in all {ATTEMPTS} attempts: {loaded[0]}")
+def measure(db) -> dict:
+    """The run's event row, its read-back, and the RTT series around it (printed: every attempt's numbers)."""
     with db.connect() as conn:
         (ev,) = conn.execute(text("SELECT * FROM run_event")).all()
     (run,) = list(iter_runs(db, detail=True))
@@ -111,8 +98,28 @@ def test_set_delay_steps_the_rtt_at_its_time(vm_lab, tmp_path):
     print(f"set_delay: issued +{(ev.issued_ns - ev.scheduled_ns) / 1e6:.2f} ms, effective +{ev.lag_ns / 1e6:.2f} ms; "
           f"RTT before {np.median(before) / 1e6:.1f} ms (p95 {np.percentile(before, 95) / 1e6:.1f}, {before.size} "
           f"samples), after {np.median(after) / 1e6:.1f} ms (min {after.min() / 1e6:.1f}, {after.size}); the RTT "
-          f"series steps at +{(step_ns - ev.scheduled_ns) / 1e6:.2f} ms from the scheduled time")
-    netem = [q for q in detail["readback"]["tc_qdisc"] if q["kind"] == "netem"]
+          f"series steps at {(step_ns - ev.scheduled_ns) / 1e6:+.2f} ms from the scheduled time")
+    return {"ev": ev, "detail": detail, "before": before, "after": after, "step_ns": step_ns}
+
+
+def test_set_delay_steps_the_rtt_at_its_time(vm_lab, tmp_path):
+    _, state_dir = vm_lab
+    plan = tmp_path / "set-delay.yaml"
+    plan.write_text(PLAN)
+    # the step's timing is the guest's forwarding and timers: a run in which G-CPULOAD found the aqm guest's
+    # CPU saturated (the 2-core machine shared with other jobs: 90 ms p95 RTTs before the change were seen)
+    # says so itself, and is run again (at most ATTEMPTS times; then skipped naming the guard)
+    for attempt in range(ATTEMPTS):
+        db = run_lab_plan(plan, state_dir, tmp_path, force=attempt > 0)
+        m = measure(db)
+        loaded = [str(f) for fs in stored_flags(db).values() for f in fs if f.guard == "G-CPULOAD" and f.host == "aqm"]
+        if not loaded:
+            break
+        print(f"attempt {attempt + 1}: {loaded[0]}")
+    else:
+        pytest.skip(f"G-CPULOAD: the aqm guest was saturated in all {ATTEMPTS} attempts: {loaded[0]}")
+    ev, before, after, step_ns = m["ev"], m["before"], m["after"], m["step_ns"]
+    netem = [q for q in m["detail"]["readback"]["tc_qdisc"] if q["kind"] == "netem"]
     assert netem and netem[0]["options"]["delay"]["delay"] == pytest.approx(0.05)
     # the agent acted in time; its recorded effective time (tc reported the command done) is an upper bound
     # that a loaded TCG guest stretches (tc's stderr line, the agent's wake-up: 40 ms seen), so it is held
