@@ -6,7 +6,9 @@ toward the server (where the data enters the aqm, and the ACKs leave it), each A
 the end of a data segment gives that segment an RTT sample (netem + queue + the client's turnaround). Every
 segment seen before the change was issued shows the old delay (95th percentile < 35 ms: 10 ms + at most
 12 ms of queue; a delayed ACK stretches a few), every one from 20 ms after the scheduled time on carries the
-new 50 ms floor: the step in the RTT series sits within 20 ms of its scheduled time.
+new 50 ms floor. The step itself is timed on each data packet's way through the aqm (both captures are on
+the aqm, paired per packet): the first packet from which on all take >= 50 ms must have entered within
+[-1 ms, +20 ms) of the scheduled time.
 The event's own times come from run_event: issued within 20 ms; its effective time (tc reported the change
 done) is an upper bound the loaded guest stretches, held to 100 ms.
 """
@@ -91,14 +93,18 @@ def measure(db) -> dict:
     ((data, acks),) = run.sender_side.values()
     t, rtt = rtt_samples(data, acks)
     before, after = rtt[t < ev.issued_ns], rtt[t >= ev.scheduled_ns + STEP_NS]
-    # the step: the first segment from which on every RTT sample carries the new 50 ms floor (a delayed ACK
-    # may stretch one sample before the change, never shorten one after it)
-    fast = np.flatnonzero(rtt < 50_000_000)
-    step_ns = int(t[fast[-1] + 1]) if fast.size and fast[-1] + 1 < t.size else None
+    # the step, from each data packet's way through the aqm (paired captures, M-QDELAY: netem + htb + pfifo):
+    # the first packet from which on every one takes the new 50 ms floor. (ACK-based RTTs blur it: the last
+    # segments before the change wait for the client's delayed-ACK timer while the next ones sit in netem.)
+    q = run.qdelay[run.qdelay["dropped"] == 0]
+    q = q[np.argsort(q["ts_in_ns"], kind="stable")]
+    fast = np.flatnonzero(q["sojourn_ns"] < 50_000_000)
+    step_ns = int(q["ts_in_ns"][fast[-1] + 1]) if fast.size and fast[-1] + 1 < q.size else None
     print(f"set_delay: issued +{(ev.issued_ns - ev.scheduled_ns) / 1e6:.2f} ms, effective +{ev.lag_ns / 1e6:.2f} ms; "
           f"RTT before {np.median(before) / 1e6:.1f} ms (p95 {np.percentile(before, 95) / 1e6:.1f}, {before.size} "
-          f"samples), after {np.median(after) / 1e6:.1f} ms (min {after.min() / 1e6:.1f}, {after.size}); the RTT "
-          f"series steps at {(step_ns - ev.scheduled_ns) / 1e6:+.2f} ms from the scheduled time")
+          f"samples), after {np.median(after) / 1e6:.1f} ms (min {after.min() / 1e6:.1f}, {after.size}); the delay "
+          f"through the aqm steps at {(step_ns - ev.scheduled_ns) / 1e6:+.2f} ms from the scheduled time "
+          f"({q.size} packets)")
     return {"ev": ev, "detail": detail, "before": before, "after": after, "step_ns": step_ns}
 
 
