@@ -5,7 +5,7 @@ a plan states it and the run record keeps it.
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from orchestrator.plan.model.fields import Strict, _f
 from orchestrator.plan.model.names import RoleName
@@ -46,6 +46,9 @@ class Event(Strict):
     rate: Rate | None = _f(None, "new htb rate and ceil (set_rate)", "5mbit")
     group: int | None = _f(None, "traffic group whose flows stop (stop_flows): 0 = the main traffic, k = "
                            "background[k-1]", 1, unit="group", ge=0, le=64)
+
+    # fields added with the executed events: left out of the run hash when unset, so runs keep their ids
+    HASH_SKIP_IF_DEFAULT: ClassVar[frozenset[str]] = frozenset({"loss", "rate", "group"})
 
 
 EVENT_FIELDS = {"ack_blackout": "duration", "set_delay": "delay", "set_loss": "loss", "set_rate": "rate",
