@@ -16,6 +16,7 @@ from websockets.exceptions import ConnectionClosed
 
 from agents.admission import Admission, PreAuthLimits
 from agents.connections import POLICY_VIOLATION, BoundedLog, drop, peer_of, raise_frame_limit
+from agents.events import attach_peers
 from agents.host import baseline
 from agents.host.capabilities import probe
 from agents.host.errors import NotAllowed, StateError
@@ -220,6 +221,7 @@ class Agent:
         self._prune_old_runs(keep=args.run_id)
         self.run_id = args.run_id
         self.runners = [make_runner(t, run_dir) for t in args.tasks]
+        attach_peers(self.runners)
         self.jobs = [asyncio.create_task(r.run()) for r in self.runners]
         log.info("schedule host=%s run=%s tasks=%d", self.name, args.run_id, len(self.runners))
         return protocol.ScheduleResult(accepted=[r.task_id for r in self.runners])

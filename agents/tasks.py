@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.children import spawn
+from agents.events import EventRunner
 from agents.ktrace import KernelTrace
 from agents.samplers import CpuLoad, QdiscStats, SsSample, TcpProbe
 from agents.taskbase import TaskRunner, sleep_until
@@ -161,6 +162,7 @@ RUNNERS: dict[str, type[TaskRunner]] = {
     "iperf3_server": Iperf3Server, "iperf3_client": Iperf3Client, "capture": Capture,
     "tcp_probe": TcpProbe, "qdisc_stats": QdiscStats, "ss_sample": SsSample, "cpu_load": CpuLoad,
     "kernel_trace": KernelTrace,
+    "event": EventRunner,
 }
 
 

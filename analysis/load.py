@@ -15,6 +15,7 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from analysis.events import load_events
 from analysis.rundata import (
     NO_SS_SAMPLES,
     PACKET_DTYPE,
@@ -209,7 +210,8 @@ def load_run(conn: Connection, meta: RunMeta, detail: bool = False) -> RunData:
         resolved.append(replace(f, src_port=sport))
         packets[f.flow_id] = pkts[to_f & (pkts["src_port"] == sport)] if sport is not None else pkts[to_f]
     handle, qdisc = load_bottleneck_qdisc(conn, key, meta.bottleneck)
-    data = RunData(meta=meta, flows=resolved, packets=packets, qdisc=qdisc, qdisc_handle=handle, probe=probe)
+    data = RunData(meta=meta, flows=resolved, packets=packets, qdisc=qdisc, qdisc_handle=handle, probe=probe,
+                   events=tuple(load_events(conn, meta.run_id)))
     return _with_detail(conn, key, data) if detail and resolved else data
 
 

@@ -16,6 +16,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from analysis.events import EventMark
 from analysis.metrics import BinnedSeries, BoxStats
 
 MAX_COLS = 2
@@ -34,6 +35,7 @@ class RunSeries:
     backlog_t_s: np.ndarray = field(default_factory=lambda: np.empty(0))
     backlog_bytes: np.ndarray = field(default_factory=lambda: np.empty(0))
     qdisc_label: str = ""
+    events: tuple[EventMark, ...] = ()           # timed plan events, marked on every time plot
 
 
 def _grid(n: int) -> tuple[Figure, list[Axes]]:
@@ -52,6 +54,16 @@ def _png(fig: Figure) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()
+
+
+def _mark_events(ax: Axes, marks: Sequence[EventMark]) -> None:
+    """A vertical line per event at its effective time, labelled at the top; a blackout's window shaded."""
+    for m in marks:
+        ax.axvline(m.t_s, color="tab:red", linestyle=":", linewidth=1.0)
+        if m.end_s is not None:
+            ax.axvspan(m.t_s, m.end_s, color="tab:red", alpha=0.12, linewidth=0)
+        ax.annotate(m.label, (m.t_s, 1.0), xycoords=("data", "axes fraction"), xytext=(2, -2),
+                    textcoords="offset points", fontsize=6, color="tab:red", va="top", rotation=90)
 
 
 def _no_data(ax: Axes) -> None:
@@ -74,6 +86,7 @@ def throughput_png(runs: Sequence[RunSeries]) -> bytes:
                        label="configured rate")
         if not drawn:
             _no_data(ax)
+        _mark_events(ax, run.events)
         bin_ms = next((s.bin_ns / 1e6 for s in run.throughput.values()), None)
         ax.set_title(run.title, fontsize=9)
         ax.set_xlabel("time since t0 (s)")
@@ -97,6 +110,7 @@ def backlog_png(runs: Sequence[RunSeries]) -> bytes:
                 ax.legend(fontsize=7, loc="upper right")
         else:
             _no_data(ax)
+        _mark_events(ax, run.events)
         ax.set_title(run.title, fontsize=9)
         ax.set_xlabel("time since t0 (s)")
         ax.set_ylabel("backlog (KB)")
@@ -113,6 +127,7 @@ class Panel:
 
     title: str
     lines: dict[str, tuple[np.ndarray, np.ndarray]]
+    marks: tuple[EventMark, ...] = ()
 
 
 def timeseries_png(panels: Sequence[Panel], ylabel: str, steps: bool = False) -> bytes:
@@ -128,6 +143,7 @@ def timeseries_png(panels: Sequence[Panel], ylabel: str, steps: bool = False) ->
             _no_data(ax)
         elif len(panel.lines) > 1:
             ax.legend(fontsize=7, loc="upper right")
+        _mark_events(ax, panel.marks)
         ax.set_title(panel.title, fontsize=9)
         ax.set_xlabel("time since t0 (s)")
         ax.set_ylabel(ylabel)

@@ -20,6 +20,7 @@ import numpy as np
 from sqlalchemy.engine import Engine
 
 from analysis import metrics
+from analysis.events import event_marks
 from analysis.export import parquet_available, write_tables
 from analysis.kernel_cost import cost_table, is_timing_run, load_costs
 from analysis.load import iter_runs
@@ -81,7 +82,8 @@ def run_series(data: RunData, row: RunRow, bin_ns: int = DEFAULT_BIN_NS) -> RunS
     kind = str(q["kind"][0]) if q.size else ""
     return RunSeries(run_id=row.run_id, title=title, rate_bit=row.rate_bit, throughput=throughput,
                      backlog_t_s=(q["ts_ns"] - t0) / 1e9, backlog_bytes=q["backlog_bytes"].astype(float),
-                     qdisc_label=f"{kind} {data.qdisc_handle}" if data.qdisc_handle else "")
+                     qdisc_label=f"{kind} {data.qdisc_handle}" if data.qdisc_handle else "",
+                     events=event_marks(data.events, t0))
 
 
 # ---------------------------------------------------------------------------- HTML pieces
@@ -136,12 +138,15 @@ def figures(results: Sequence[RunAnalysis], series: Sequence[RunSeries], bin_ns:
                   "per-flow goodput over time"),
            Figure("Bottleneck backlog over time", backlog_png(shown), "backlog over time")]
     step = SERIES_BIN_NS / 1e9
+    marks = {s.run_id: s.events for s in shown}
     qd_panels = [Panel(run_title(r.row), {"queue delay": (np.arange(r.qdelay_series_us.size) * step,
-                                                          r.qdelay_series_us / 1e3)}) for r in shown_results]
+                                                          r.qdelay_series_us / 1e3)}, marks.get(r.run_id, ()))
+                 for r in shown_results]
     out.append(Figure("Queue delay over time (mean per 10 ms, per-packet sojourn)",
                       timeseries_png(qd_panels, "queue delay (ms)"), "queue delay over time"))
     cw_panels = [Panel(run_title(r.row), {f"flow {k}": (np.arange(v.size) * step, v)
-                                          for k, v in r.cwnd_series.items()}) for r in shown_results]
+                                          for k, v in r.cwnd_series.items()}, marks.get(r.run_id, ()))
+                 for r in shown_results]
     out.append(Figure("cwnd over time (tcp_probe, last value per 10 ms)",
                       timeseries_png(cw_panels, "cwnd (segments)", steps=True), "cwnd over time"))
     out.append(Figure("Queue delay CDF (analysis window)",

@@ -78,6 +78,7 @@ class RunData:
     sender_side: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     ss: np.ndarray = field(default_factory=lambda: np.empty(0, SS_DTYPE))
     ss_note: str = NO_SS_SAMPLES
+    events: tuple = ()   # analysis.events.EventRow of the run's timed plan events
 
 
 # ---------------------------------------------------------------------------- choices on the data

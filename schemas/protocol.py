@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from schemas import ktrace, limits
 from schemas.allowlist import DEFAULT_MODULES, DEFAULT_SYSCTL_PREFIXES
+from schemas.events import PLAN_ACTIONS, EventAction
 from schemas.handshake import NONCE_PATTERN
 from schemas.hoststate import HostState
 from schemas.identifiers import RUN_ID_PATTERN, TASK_ID_PATTERN
@@ -134,9 +135,25 @@ class KernelTraceTask(_TaskBase):
                             description="ring buffer per CPU")
 
 
+class EventTask(_TaskBase):
+    """One timed plan event (schemas/events.py), performed at start_ns and recorded with its timestamps."""
+
+    kind: Literal["event"] = "event"
+    index: int = Field(ge=0, le=limits.MAX_TASKS_PER_SCHEDULE, description="the event's index in the plan run")
+    name: Literal[PLAN_ACTIONS] = Field(description="the plan action it performs")  # type: ignore[valid-type]
+    interface: InterfaceName | None = Field(default=None, description="the interface acted on (allow-listed)")
+    action: EventAction
+
+    @model_validator(mode="after")
+    def _interface_for_interface_actions(self) -> EventTask:
+        if self.action.op != "stop_flows" and self.interface is None:
+            raise ValueError(f"{self.action.op} acts on an interface: give `interface`")
+        return self
+
+
 Task = Annotated[
     Iperf3ServerTask | Iperf3ClientTask | CaptureTask | TcpProbeTask | QdiscStatsTask | SsSampleTask
-    | CpuLoadTask | KernelTraceTask,
+    | CpuLoadTask | KernelTraceTask | EventTask,
     Field(discriminator="kind"),
 ]
 

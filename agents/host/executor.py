@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from agents.events import blackout_off_argv
 from agents.host import baseline, ethtool, linkinfo, modules, neighbours, routes
 from agents.host.argv import ChainError, RawQdisc, chain_argv, offload_argv, root_delete_argv
 from agents.host.baseline import Baseline, InterfaceSnapshot, Snapshot
@@ -329,6 +330,8 @@ class HostStateExecutor:
         self._reset_root(dev)
         self._apply_mtu(dev, snap.mtu)
         routes.set_quickack(dev, snap.quickack)
+        # an ack_blackout's drop filter (agents/events.py) outlives a killed agent: only that filter goes
+        procs.run(blackout_off_argv(dev, added_clsact=False)[0], check=False)
         self._apply_offloads(dev, snap.features)
         if snap.coalesce is not None:
             self._apply_coalesce(dev, snap.coalesce)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.engine import ack_policy
+from orchestrator.engine.event_tasks import event_tasks
 from orchestrator.engine.ktrace import kernel_trace_task
 from orchestrator.guards.cpu import kernel_groups
 from orchestrator.inventory import Inventory
@@ -119,6 +120,8 @@ def schedule_tasks(spec: RunSpec, inv: Inventory, tl: Timeline,
     if spec.kernel_trace is not None:
         for role in spec.kernel_trace.hosts:
             tasks[role].append(kernel_trace_task(spec.kernel_trace, tl.start_ns, tl.stop_ns))
+    for role, events in event_tasks(spec, inv, tl.t0_ns).items():
+        tasks[role].extend(events)
     return {role: t for role, t in tasks.items() if t}
 
 

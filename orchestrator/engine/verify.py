@@ -6,6 +6,7 @@ parameter is compared with what the kernel reports, and each mismatch is named.
 from __future__ import annotations
 
 from orchestrator.engine import ack_policy, hostchecks
+from orchestrator.engine.event_tasks import event_problems
 from orchestrator.engine.ktrace import kernel_trace_problems, kernel_trace_unsupported
 from orchestrator.plan import RunSpec
 from orchestrator.plan.model.kernels import release_matches
@@ -241,7 +242,6 @@ def unsupported_features(spec: RunSpec, caps: dict[str, protocol.Capabilities]) 
             out.append(f"host {f.src}: flow {f.flow_id} needs the app-limited writer, which this agent "
                        "version does not have")
     out += ack_policy.refusals(spec, caps)
-    for e in spec.events:
-        out.append(f"host {e.link.host}: event {e.action} at {e.at_s:g}s is not executed by this agent version")
+    out += event_problems(spec)   # events run (agents/events.py) when their chain has the stage they change
     out += kernel_trace_unsupported(spec.kernel_trace, caps)
     return out

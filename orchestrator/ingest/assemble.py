@@ -21,6 +21,7 @@ import numpy as np
 
 from orchestrator.ingest import qdelay
 from orchestrator.ingest.cpu import CpuSamples, parse_cpu
+from orchestrator.ingest.events import parse_event_record
 from orchestrator.ingest.hosts import host_rows
 from orchestrator.ingest.iperf3 import parse_iperf3
 from orchestrator.ingest.ktrace import parse_kernel_trace
@@ -116,7 +117,7 @@ def assemble(spec: RunSpec, record: RunRecord, run_dir: Path) -> RunIngest:
     """The RunIngest of a complete run: every artifact the agents announced, parsed and labelled. Raises
     ArtifactError naming the host, file and (through the parser) the line a parser refused."""
     flow_rows, point_names = record.flows, record.points
-    probes, qdisc, iperf, ss, art_rows, ktrace = [], [], [], [], [], []
+    probes, qdisc, iperf, ss, art_rows, ktrace, events = [], [], [], [], [], [], []
     captures: list[_Capture] = []
     extra: dict[str, dict] = {}
     port_to_flow = {f.port: f.flow_id for f in spec.flows}
@@ -143,6 +144,8 @@ def assemble(spec: RunSpec, record: RunRecord, run_dir: Path) -> RunIngest:
                 elif kind == "kernel_trace":
                     asked = list(spec.kernel_trace.tracepoints) if spec.kernel_trace else []
                     ktrace.append((host, parse_kernel_trace(path.read_bytes(), asked)))
+                elif kind == "event":
+                    events.append(parse_event_record(path.read_text(), host))
                 elif kind == "iperf3_client":
                     result = parse_iperf3(path.read_text())
                     port = int(info["name"].removeprefix("iperf3-client-").removesuffix(".json"))
@@ -154,7 +157,7 @@ def assemble(spec: RunSpec, record: RunRecord, run_dir: Path) -> RunIngest:
     packets = [(c.label, PcapReader(c.path, c.point_id)) for c in captures]
     return RunIngest(run=record.run, plan=record.plan, flows=flow_rows, artifacts=art_rows, evidence=record.evidence,
                      hosts=host_rows(spec, record.evidence), packets=packets, capture_points=extra, conns=conns,
-                     qdelay=qd, qdelay_pairs=pairs,
+                     events=events, qdelay=qd, qdelay_pairs=pairs,
                      tcp_probe=probes, qdisc_samples=qdisc, ss_samples=ss, iperf_intervals=iperf,
                      kernel_trace=ktrace)
 

@@ -59,6 +59,7 @@ class RunIngest:
     artifacts: list[dict[str, Any]] = field(default_factory=list)
     evidence: list[dict[str, Any]] = field(default_factory=list)          # host, phase, data
     hosts: list[dict[str, Any]] = field(default_factory=list)             # run_host rows
+    events: list[dict[str, Any]] = field(default_factory=list)            # run_event rows
     packets: list[tuple[str, PacketSource]] = field(default_factory=list)
     capture_points: dict[str, dict[str, Any]] = field(default_factory=dict)
     conns: ConnRegistry | None = None
@@ -82,6 +83,7 @@ class IngestCounts:
     artifact: int = 0
     host_evidence: int = 0
     run_host: int = 0
+    run_event: int = 0
     capture_point: int = 0
     conn: int = 0
     packet: int = 0
@@ -140,9 +142,10 @@ BULK_LAYOUTS = (
 )
 
 CHILD_TABLES = (("flows", tables.flow), ("artifacts", tables.artifact), ("evidence", tables.host_evidence),
-                 ("qdelay_pairs", tables.qdelay_pair), ("hosts", tables.run_host))
+                 ("qdelay_pairs", tables.qdelay_pair), ("hosts", tables.run_host),
+                ("events", tables.run_event))
 TABLES_BY_RUN_ID = (tables.iperf_interval, tables.qdelay_pair, tables.capture_point, tables.host_evidence,
-              tables.run_host, tables.kernel_trace,
+              tables.run_host, tables.kernel_trace, tables.run_event,
               tables.artifact, tables.flow)
 
 

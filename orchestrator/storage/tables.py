@@ -126,6 +126,24 @@ run_host = Table(
     Column("os_version_id", String(64), nullable=True),    # /etc/os-release VERSION_ID: 12
 )
 
+run_event = Table(
+    # timed plan events as the agent performed them (docs/plans.md "Events", docs/ingest.md): scheduled
+    # (T0 + at), effective (the change command returned: in force from then on), lag = effective - scheduled
+    "run_event", metadata,
+    Column("run_id", String(128), ForeignKey("run.run_id", ondelete="CASCADE"), primary_key=True),
+    Column("event_index", Integer, primary_key=True),       # the event's index in the run's `events`
+    Column("action", String(32), nullable=False),           # set_delay | set_loss | set_rate | ack_blackout | ...
+    Column("host", String(64), nullable=False),
+    Column("interface", String(64), nullable=True),         # None for stop_flows
+    Column("scheduled_ns", BigInteger, nullable=False),
+    Column("issued_ns", BigInteger, nullable=True),
+    Column("effective_ns", BigInteger, nullable=True),      # None: the action failed (detail says why)
+    Column("lag_ns", BigInteger, nullable=True),
+    Column("end_scheduled_ns", BigInteger, nullable=True),  # ack_blackout: the window's end
+    Column("end_effective_ns", BigInteger, nullable=True),
+    Column("detail", JSON, nullable=False),                 # the parameter, argv, read-back after the change
+)
+
 capture_point = Table(
     "capture_point", metadata,
     Column("run_id", String(128), ForeignKey("run.run_id", ondelete="CASCADE"), primary_key=True),

@@ -27,7 +27,8 @@ from orchestrator.storage.writer import completed_builds, completed_run_ids, del
 # conn: 2 points x (IPv4, IPv6 flow) x (TCP, UDP)
 EXPECTED_100K = {"plan": 1, "run": 1, "flow": 2, "artifact": 2, "host_evidence": 6, "run_host": 3, "capture_point": 2,
                  "conn": 8, "packet": 100_000, "qdelay": 10_000, "qdelay_pair": 1, "tcp_probe": 3_000,
-                 "qdisc_sample": 2_000, "ss_sample": 20, "iperf_interval": 600, "kernel_trace": 0}
+                 "qdisc_sample": 2_000, "ss_sample": 20, "iperf_interval": 600, "kernel_trace": 0,
+                 "run_event": 0}
 _packets_back = packets_back
 
 

@@ -133,14 +133,17 @@ kernels:
     aqm: {kernel: deb61, module_params: {tcp_dctcp: {dctcp_shift_g: 4}}}
   background: [{tool: app_limited, src: sender, dst: receiver, cc: reno, flows: 1, write_size: 50B,
                 write_interval: 10ms, nodelay: true, base_port: 7000}]
-  events: [{at: 1s, action: ack_blackout, host: receiver, toward: aqm, duration: 1s}]
+  events: [{at: 1s, action: ack_blackout, host: receiver, toward: aqm, duration: 1s},
+           {at: 2s, action: set_rate, host: receiver, toward: aqm, rate: 5mbit}]
 """
     (run,) = expand(load_plan_text(plan, "feat.yaml"))
     problems = capability_problems(run, {r: caps() for r in ("sender", "aqm", "receiver")})
     assert "host aqm runs kernel 6.18.1, the plan needs variant deb61 (release 6.1.0-28-cloud-amd64)" in problems
     assert not any("tcp_dctcp" in p for p in problems)   # module parameters are applied (and read back)
     assert any("app-limited writer" in p for p in problems)
-    assert any("event ack_blackout at 1s" in p for p in problems)
+    # events run; one whose interface has no stage to change is refused, naming it
+    assert not any("ack_blackout" in p for p in problems)
+    assert any("events[1] (set_rate at 2s on receiver): receiver:to-aqm has no htb stage" in p for p in problems)
     assert capability_problems(run, {r: caps("6.1.0-28-cloud-amd64") for r in ("sender", "aqm", "receiver")})
 
 

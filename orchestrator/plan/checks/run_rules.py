@@ -11,6 +11,7 @@ from orchestrator.plan.checks.errors import Problem
 from orchestrator.plan.checks.ktrace_rules import kernel_trace_problems
 from orchestrator.plan.expansion.build import TemplateFlow, template_flows, traffic_groups
 from orchestrator.plan.expansion.derive import LinkRefs, link_refs, red_bytes, red_times
+from orchestrator.plan.model.conditions import EVENT_FIELDS
 from orchestrator.plan.model.frames import wire_frame_bytes
 from orchestrator.plan.model.paths import KeyPath
 from orchestrator.plan.model.qdiscs import BfifoQueue, HtbStage, MarkQueue, RedQueue
@@ -187,6 +188,31 @@ def _kernels(t: RunTemplate, kernels: set[str] | None, out: list[Problem]) -> No
                                f"`kernels` ({', '.join(sorted(kernels)) or 'none defined'})"))
 
 
+def _event(t: RunTemplate, roles: list[str], i: int, e, out: list[Problem]) -> None:
+    run_ns = t.duration.value
+    if e.action == "stop_flows":
+        _role(roles, e.host, ("events", i, "host"), out)
+        if e.toward is not None:
+            out.append(Problem(("events", i, "toward"), "`toward` has no meaning for stop_flows"))
+        if e.group is not None and e.host not in {f.src for f in template_flows(t) if f.group == e.group}:
+            out.append(Problem(("events", i, "group"), f"{e.host} sends no flow of group {e.group}"))
+    elif e.toward is None:
+        out.append(Problem(("events", i), f"{e.action} needs `toward` (the interface it acts on)"))
+    else:
+        _link(roles, e.host, e.toward, ("events", i), out)
+    if e.at.value >= run_ns:
+        out.append(Problem(("events", i, "at"), f"at {e.at.raw} is not before the run ends "
+                           f"({format_time_ns(run_ns)})"))
+    need = EVENT_FIELDS[e.action]
+    if getattr(e, need) is None:
+        out.append(Problem(("events", i), f"{e.action} needs `{need}`"))
+    for other in sorted(set(EVENT_FIELDS.values()) - {need}):
+        if getattr(e, other) is not None:
+            out.append(Problem(("events", i, other), f"`{other}` has no meaning for {e.action}"))
+    if e.duration is not None and e.at.value + e.duration.value > run_ns:
+        out.append(Problem(("events", i, "duration"), "the event would outlast the run"))
+
+
 def _conditions(t: RunTemplate, roles: list[str], out: list[Problem]) -> None:
     a = t.ack_policy
     if a is not None:
@@ -202,17 +228,7 @@ def _conditions(t: RunTemplate, roles: list[str], out: list[Problem]) -> None:
             _role(roles, role, ("ack_policy", "hosts", k), out)
     run_ns = t.duration.value
     for i, e in enumerate(t.events):
-        _link(roles, e.host, e.toward, ("events", i), out)
-        if e.at.value >= run_ns:
-            out.append(Problem(("events", i, "at"), f"at {e.at.raw} is not before the run ends "
-                               f"({format_time_ns(run_ns)})"))
-        need, other = ("duration", "delay") if e.action == "ack_blackout" else ("delay", "duration")
-        if getattr(e, need) is None:
-            out.append(Problem(("events", i), f"{e.action} needs `{need}`"))
-        if getattr(e, other) is not None:
-            out.append(Problem(("events", i, other), f"`{other}` has no meaning for {e.action}"))
-        if e.duration is not None and e.at.value + e.duration.value > run_ns:
-            out.append(Problem(("events", i, "duration"), "the event would outlast the run"))
+        _event(t, roles, i, e, out)
     w = t.analysis
     if w.bin is not None and w.bin_rtts is not None:
         out.append(Problem(("analysis", "bin_rtts"), "give the bin width as `bin` or as `bin_rtts`, not both"))

@@ -89,7 +89,8 @@ def link_problems(run: RunTemplate, g: Graph) -> list[Problem]:
     if run.qdisc_stats is not None:
         refs += [(ln.host, ln.toward, ("qdisc_stats", "links", i, "toward"))
                  for i, ln in enumerate(run.qdisc_stats.links)]
-    refs += [(e.host, e.toward, ("events", i, "toward")) for i, e in enumerate(run.events)]
+    refs += [(e.host, e.toward, ("events", i, "toward")) for i, e in enumerate(run.events)
+             if e.toward is not None]
     out = [Problem(path, msg) for host, toward, path in refs if (msg := _not_neighbour(g, host, toward))]
     for role, section in run.hosts.items():
         chains: dict[str, str] = {}

@@ -228,9 +228,12 @@ def ack_policy_spec(t: RunTemplate) -> AckPolicySpec | None:
 
 
 def event_specs(t: RunTemplate) -> list[EventSpec]:
-    return [EventSpec(at_s=e.at.seconds, action=e.action, link=LinkRef(host=e.host, toward=e.toward),
+    return [EventSpec(at_s=e.at.seconds, action=e.action, host=e.host,
+                      link=LinkRef(host=e.host, toward=e.toward) if e.toward is not None else None,
                       duration_s=e.duration.seconds if e.duration else None,
-                      delay_ns=e.delay.value if e.delay is not None else None) for e in t.events]
+                      delay_ns=e.delay.value if e.delay is not None else None,
+                      loss=float(e.loss.value) if e.loss is not None else None,
+                      rate_bit=int(e.rate.value) if e.rate is not None else None, group=e.group) for e in t.events]
 
 
 def analysis_spec(t: RunTemplate) -> AnalysisSpec:

@@ -101,10 +101,14 @@ class AckPolicySpec(_Strict):
 
 class EventSpec(_Strict):
     at_s: float = Field(ge=0)
-    action: Literal["ack_blackout", "set_delay"]
-    link: LinkRef
+    action: Literal["ack_blackout", "set_delay", "set_loss", "set_rate", "stop_flows"]
+    link: LinkRef | None = Field(None, description="the interface acted on (None for stop_flows)")
+    host: str = Field("", description="the acting host's role")
     duration_s: float | None = None
     delay_ns: int | None = None
+    loss: float | None = None
+    rate_bit: int | None = None
+    group: int | None = None
 
 
 class KernelTraceSpec(_Strict):

@@ -5,11 +5,11 @@ a plan states it and the run record keeps it.
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from orchestrator.plan.model.fields import Strict, _f
 from orchestrator.plan.model.names import RoleName
-from orchestrator.plan.model.quantities import PositiveTime, Time
+from orchestrator.plan.model.quantities import Fraction, PositiveTime, Rate, Time
 
 
 class AckPolicy(Strict):
@@ -29,16 +29,31 @@ class AckPolicy(Strict):
 
 
 class Event(Strict):
-    """A timed action an agent performs during the run and logs with its timestamp."""
+    """A timed action an agent performs at an absolute time during the run and records with its timestamps
+    (docs/plans.md "Events")."""
 
     at: Time = _f(..., "when, from T0", "20s")
-    action: Literal["ack_blackout", "set_delay"] = _f(
+    action: Literal["ack_blackout", "set_delay", "set_loss", "set_rate", "stop_flows"] = _f(
         ..., "`ack_blackout`: drop the host's outgoing packets on the interface for `duration`; `set_delay`: "
-        "change the netem delay of the interface's chain to `delay` (an RTT step)", "ack_blackout")
-    host: RoleName = _f(..., "role of the host that acts", "receiver")
-    toward: RoleName = _f(..., "interface of the action (the role it faces)", "aqm")
+        "change the netem delay of the interface's chain to `delay` (an RTT step); `set_loss`: change its netem "
+        "loss to `loss`; `set_rate`: change the htb rate (and ceil) of the chain's shaper to `rate`; "
+        "`stop_flows`: stop the host's flows of traffic group `group`", "ack_blackout")
+    host: RoleName = _f(..., "role of the host that acts (stop_flows: the sender of the flows)", "receiver")
+    toward: RoleName | None = _f(None, "interface of the action (the role it faces); not for stop_flows", "aqm")
     duration: PositiveTime | None = _f(None, "how long the action lasts (ack_blackout)", "1s")
     delay: Time | None = _f(None, "new netem delay (set_delay)", "100ms")
+    loss: Fraction | None = _f(None, "new netem random loss probability (set_loss)", "1%")
+    rate: Rate | None = _f(None, "new htb rate and ceil (set_rate)", "5mbit")
+    group: int | None = _f(None, "traffic group whose flows stop (stop_flows): 0 = the main traffic, k = "
+                           "background[k-1]", 1, unit="group", ge=0, le=64)
+
+    # fields added with the executed events: left out of the run hash when unset, so runs keep their ids
+    HASH_SKIP_IF_DEFAULT: ClassVar[frozenset[str]] = frozenset({"loss", "rate", "group"})
+
+
+EVENT_FIELDS = {"ack_blackout": "duration", "set_delay": "delay", "set_loss": "loss", "set_rate": "rate",
+                "stop_flows": "group"}
+"""The one parameter field each action needs; the others have no meaning for it."""
 
 
 class Analysis(Strict):

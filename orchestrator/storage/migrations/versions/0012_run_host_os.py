@@ -2,7 +2,7 @@
 ID and VERSION_ID of /etc/os-release), next to its kernel (docs/host-state.md, G-HETERO).
 
 Revision ID: 0012
-Revises: 0009
+Revises: 0011
 Create Date: 2026-11-25
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0012"
-down_revision: str | None = "0009"
+down_revision: str | None = "0011"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
