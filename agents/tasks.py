@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agents.appflows import AppSink, AppWriter
 from agents.children import spawn
 from agents.samplers import CpuLoad, QdiscStats, SsSample, TcpProbe
 from agents.taskbase import TaskRunner, sleep_until
@@ -135,6 +136,7 @@ class Capture(TaskRunner):
 RUNNERS: dict[str, type[TaskRunner]] = {
     "iperf3_server": Iperf3Server, "iperf3_client": Iperf3Client, "capture": Capture,
     "tcp_probe": TcpProbe, "qdisc_stats": QdiscStats, "ss_sample": SsSample, "cpu_load": CpuLoad,
+    "app_writer": AppWriter, "app_sink": AppSink,
 }
 
 

@@ -230,10 +230,6 @@ def unsupported_features(spec: RunSpec, caps: dict[str, protocol.Capabilities]) 
                        f"is known once built: `tcplab kernel build PLAN {hp.kernel.name}` builds it (docs/kernels.md); "
                        "installing it on a host is not automated yet: install its package and give the plan's "
                        "`release`")
-    for f in spec.flows:
-        if f.tool == "app_limited":
-            out.append(f"host {f.src}: flow {f.flow_id} needs the app-limited writer, which this agent "
-                       "version does not have")
     if spec.ack_policy is not None and spec.ack_policy.mechanism != "stock":
         out.append(f"ack_policy mechanism {spec.ack_policy.mechanism} is not applied by this agent version")
     for e in spec.events:

@@ -80,6 +80,8 @@ class FlowSpec(_Strict):
     rate_bit: int | None = Field(default=None, gt=0, description="sending rate (udp)")
     write_size: int | None = Field(default=None, gt=0, description="bytes per write (app_limited)")
     write_interval_s: float | None = Field(default=None, gt=0, description="seconds between writes")
+    write_interval_dist: Literal["fixed", "exponential"] = Field(
+        default="fixed", description="fixed gaps, or exponential gaps of mean write_interval_s (app_limited)")
     nodelay: bool = False
 
 

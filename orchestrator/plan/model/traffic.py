@@ -49,6 +49,9 @@ class Traffic(Strict):
     rate: Rate | None = _f(None, "sending rate of each flow (required for udp)", "24mbit")
     write_size: PositiveSize | None = _f(None, "bytes per application write (app_limited)", "50B")
     write_interval: PositiveTime | None = _f(None, "time between application writes (app_limited)", "10ms")
+    write_interval_dist: Literal["fixed", "exponential"] | None = _f(
+        None, "gaps between application writes (app_limited): `fixed` (default: every `write_interval`) or "
+        "`exponential` (i.i.d. gaps of mean `write_interval`, drawn from the run's seed)", "exponential")
     nodelay: bool = _f(False, "TCP_NODELAY (Nagle off)", True)
     base_port: int = _f(5201, "receiver port of flow 0; flow i uses base_port + i", 5201,
                         ge=1024, le=65535)
