@@ -25,8 +25,8 @@ def writer_argv(spec, out: Path) -> list[str]:
     """argv of the writer child (pure)."""
     argv = [*CHILD, "writer", "--dst", spec.dst_addr, "--port", str(spec.port), "--cc", spec.cc,
             "--size", str(spec.write_size), "--interval-ns", str(spec.interval_ns), "--dist", spec.dist,
-            "--seed", str(spec.seed), "--first-ns", str(spec.first_ns), "--end-ns", str(spec.end_ns),
-            "--limit", str(limits.MAX_APP_WRITES), "--out", str(out)]
+            "--seed", str(spec.seed), "--connect-ns", str(spec.connect_ns), "--first-ns", str(spec.first_ns),
+            "--end-ns", str(spec.end_ns), "--limit", str(limits.MAX_APP_WRITES), "--out", str(out)]
     return argv + (["--nodelay"] if spec.nodelay else [])
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import socket
 import struct
@@ -33,14 +34,18 @@ from pathlib import Path
 
 MAGIC = b"tcplab-app-log 1\n"
 # scheduled instant, CLOCK_REALTIME just before send(), stream offset of the write's first byte, size asked,
-# bytes accepted (-1: send() failed with an error other than EAGAIN, the stream is then closed)
+# bytes accepted (SEND_FAILED: send() failed with an error other than EAGAIN, the stream is then closed;
+# SKIPPED: the writer reached the instant more than half an interval late and did not write, so a stall
+# shows as missing writes rather than a burst of catch-up writes)
 WRITE_RECORD = struct.Struct("<qqqii")
+SEND_FAILED, SKIPPED = -1, -2
 # CLOCK_REALTIME just after recv() returned, stream offset one past the last byte read so far
 READ_RECORD = struct.Struct("<qq")
 SPIN_NS = 300_000             # spin (not sleep) the last 0.3 ms before an instant: sleep wakes late
 CONNECT_RETRY_S = 0.05
 READ_BYTES = 65536
 TCP_CONGESTION = getattr(socket, "TCP_CONGESTION", 13)
+RT_PRIORITY = 10
 
 
 def schedule(first_ns: int, interval_ns: int, end_ns: int, dist: str, seed: int, limit: int) -> Iterator[int]:
@@ -89,26 +94,41 @@ def connect(args: argparse.Namespace, deadline_ns: int) -> socket.socket:
     raise SystemExit(f"appwriter: cannot connect to {args.dst} port {args.port}: {last}")
 
 
+def realtime_priority() -> str:
+    """SCHED_FIFO for the writer, when allowed (the agent is root): a loaded host then wakes it on time. The
+    writer sleeps between writes and spins at most SPIN_NS, and the kernel's RT throttling bounds it anyway."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(RT_PRIORITY))
+        return f"fifo:{RT_PRIORITY}"
+    except (OSError, AttributeError) as exc:
+        return f"other ({exc})"
+
+
 def run_writer(args: argparse.Namespace) -> int:
+    sched = realtime_priority()
+    wait_until(args.connect_ns, 0)
     sock = connect(args, args.first_ns + 2_000_000_000)
     sock.setblocking(False)
     payload = b"x" * args.size
     meta = {"role": "writer", "local_port": sock.getsockname()[1], "dst": args.dst, "port": args.port,
             "cc": args.cc, "nodelay": args.nodelay, "size": args.size, "interval_ns": args.interval_ns,
             "dist": args.dist, "seed": args.seed, "first_ns": args.first_ns, "end_ns": args.end_ns,
-            "connected_ns": time.time_ns()}
-    offset, error = 0, ""
+            "connected_ns": time.time_ns(), "sched": sched}
+    offset, error, late_ns = 0, "", args.interval_ns // 2
     with open(args.out, "wb", buffering=1 << 16) as out:
         _header(out, meta)
         for t in schedule(args.first_ns, args.interval_ns, args.end_ns, args.dist, args.seed, args.limit):
             wait_until(t)
             now = time.time_ns()
+            if now - t > late_ns:
+                out.write(WRITE_RECORD.pack(t, now, offset, args.size, SKIPPED))
+                continue
             try:
                 accepted = sock.send(payload)
             except BlockingIOError:
                 accepted = 0
             except OSError as exc:   # the connection is gone: log it and stop writing
-                out.write(WRITE_RECORD.pack(t, now, offset, args.size, -1))
+                out.write(WRITE_RECORD.pack(t, now, offset, args.size, SEND_FAILED))
                 error = f"send failed at offset {offset}: {exc}"
                 break
             out.write(WRITE_RECORD.pack(t, now, offset, args.size, accepted))
@@ -168,6 +188,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     w.add_argument("--interval-ns", type=int, required=True)
     w.add_argument("--dist", choices=("fixed", "exponential"), default="fixed")
     w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--connect-ns", type=int, required=True)
     w.add_argument("--first-ns", type=int, required=True)
     w.add_argument("--end-ns", type=int, required=True)
     w.add_argument("--limit", type=int, required=True)

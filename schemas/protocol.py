@@ -129,13 +129,14 @@ class AppWriterTask(_TaskBase):
     interval_ns: int = Field(ge=limits.MIN_APP_WRITE_INTERVAL_NS, description="(mean) time between writes")
     dist: Literal["fixed", "exponential"] = Field(default="fixed", description="fixed or exponential gaps")
     seed: int = Field(default=0, ge=0, lt=2**63, description="seed of the exponential gaps")
+    connect_ns: int = Field(description="absolute CLOCK_REALTIME to connect at (after the captures started)")
     first_ns: int = Field(description="absolute CLOCK_REALTIME of the first write")
     end_ns: int = Field(description="no write at or after this instant")
 
     @model_validator(mode="after")
     def _bounded(self) -> AppWriterTask:
-        if not self.start_ns <= self.first_ns < self.end_ns:
-            raise ValueError("needs start_ns <= first_ns < end_ns")
+        if not self.start_ns <= self.connect_ns <= self.first_ns < self.end_ns:
+            raise ValueError("needs start_ns <= connect_ns <= first_ns < end_ns")
         if self.end_ns - self.first_ns > limits.MAX_RUN_SECONDS * 10**9:
             raise ValueError(f"writes for longer than {limits.MAX_RUN_SECONDS} s")
         return self

@@ -1,7 +1,8 @@
 """The tasks of one app-limited (thin-stream) flow (pure): a sink on the receiver, listening from the run's
-start like an iperf3 server, and a writer on the sender. The writer's child starts with the run too (a
-Python process in a loaded TCG guest takes a second to start) and connects early; its first write is at the
-flow's start, its last before the flow's end."""
+start like an iperf3 server, and a writer on the sender. Both children are started as soon as the schedule
+arrives (start_ns in the past: a Python process on a loaded host or TCG guest took 2 s to start); the writer
+connects once the captures run (so they see the SYN, the stream's ISN), its first write is at the flow's
+start, its last before the flow's end."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -14,6 +15,8 @@ if TYPE_CHECKING:
     from orchestrator.plan.expansion.runspec import FlowSpec
 
 SEED_MODULUS = 2**63
+SPAWN_EARLY_NS = 10_000_000_000   # before the run's start: in the past when the schedule arrives
+CONNECT_AFTER_START_NS = 800_000_000   # after the captures start (bind.LEAD_NS before T0)
 
 
 def writer_seed(run_seed: int, flow_id: int) -> int:
@@ -24,11 +27,13 @@ def writer_seed(run_seed: int, flow_id: int) -> int:
 def app_flow_tasks(spec: RunSpec, f: FlowSpec, dst_addr: str, tl: Timeline) -> list[tuple[str, protocol._TaskBase]]:
     assert f.write_size is not None and f.write_interval_s is not None
     first = tl.t0_ns + round(f.start_s * 1e9)
-    sink = protocol.AppSinkTask(task_id=f"app-sink-{f.flow_id}", start_ns=tl.start_ns, port=f.port,
+    spawn = tl.start_ns - SPAWN_EARLY_NS
+    sink = protocol.AppSinkTask(task_id=f"app-sink-{f.flow_id}", start_ns=spawn, port=f.port,
                                 stop_ns=tl.stop_ns)
     writer = protocol.AppWriterTask(
-        task_id=f"app-writer-{f.flow_id}", start_ns=tl.start_ns, port=f.port, dst_addr=dst_addr, cc=f.cc,
+        task_id=f"app-writer-{f.flow_id}", start_ns=spawn, port=f.port, dst_addr=dst_addr, cc=f.cc,
         nodelay=f.nodelay, write_size=f.write_size, interval_ns=round(f.write_interval_s * 1e9),
-        dist=f.write_interval_dist, seed=writer_seed(spec.seed, f.flow_id), first_ns=first,
+        dist=f.write_interval_dist, seed=writer_seed(spec.seed, f.flow_id),
+        connect_ns=min(first, tl.start_ns + CONNECT_AFTER_START_NS), first_ns=first,
         end_ns=first + round(f.duration_s * 1e9))
     return [(f.dst, sink), (f.src, writer)]
