@@ -33,7 +33,7 @@ def app_flow_tasks(spec: RunSpec, f: FlowSpec, dst_addr: str, tl: Timeline) -> l
     writer = protocol.AppWriterTask(
         task_id=f"app-writer-{f.flow_id}", start_ns=spawn, port=f.port, dst_addr=dst_addr, cc=f.cc,
         nodelay=f.nodelay, write_size=f.write_size, interval_ns=round(f.write_interval_s * 1e9),
-        dist=f.write_interval_dist, seed=writer_seed(spec.seed, f.flow_id),
+        dist=f.write_interval_dist or "fixed", seed=writer_seed(spec.seed, f.flow_id),
         connect_ns=min(first, tl.start_ns + CONNECT_AFTER_START_NS), first_ns=first,
         end_ns=first + round(f.duration_s * 1e9))
     return [(f.dst, sink), (f.src, writer)]

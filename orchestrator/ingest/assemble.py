@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from orchestrator.ingest import qdelay
+from orchestrator.ingest.appflows import app_write_rows, writer_port
 from orchestrator.ingest.cpu import CpuSamples, parse_cpu
 from orchestrator.ingest.hosts import host_rows
 from orchestrator.ingest.iperf3 import parse_iperf3
@@ -145,19 +146,33 @@ def assemble(spec: RunSpec, record: RunRecord, run_dir: Path) -> RunIngest:
                     iperf.append((port_to_flow[port], result.intervals))
             except ValueError as exc:  # a parser's format error names the line and why; add the file
                 raise ArtifactError(f"{host}/{info['name']}: {exc}") from exc
+    try:
+        app_writes = app_write_rows(spec, run_dir, captures, clock_offsets(record))
+    except ValueError as exc:   # names the host and file
+        raise ArtifactError(str(exc)) from exc
     conns = ConnRegistry()
     qd, pairs = paired_qdelay(spec, flow_rows, captures, conns)
     packets = [(c.label, PcapReader(c.path, c.point_id)) for c in captures]
     return RunIngest(run=record.run, plan=record.plan, flows=flow_rows, artifacts=art_rows, evidence=record.evidence,
                      hosts=host_rows(spec, record.evidence), packets=packets, capture_points=extra, conns=conns,
                      qdelay=qd, qdelay_pairs=pairs,
-                     tcp_probe=probes, qdisc_samples=qdisc, ss_samples=ss, iperf_intervals=iperf)
+                     tcp_probe=probes, qdisc_samples=qdisc, ss_samples=ss, iperf_intervals=iperf,
+                     app_writes=app_writes)
+
+
+def clock_offsets(record: RunRecord) -> dict[str, int]:
+    """host -> its clock offset from the manager (ns), measured before the run (G-CLOCK)."""
+    return {e["host"]: int(e["data"]["offset_ns"]) for e in record.evidence if e["phase"] == "clock"}
 
 
 def sender_ports(run_dir: Path, spec: RunSpec) -> dict[int, int | None]:
-    """flow_id -> the sender's local port of the data stream, from the iperf3 client JSON."""
+    """flow_id -> the sender's local port of the data stream, from the iperf3 client JSON (an app-limited
+    flow: its writer's log)."""
     out: dict[int, int | None] = {}
     for f in spec.flows:
+        if f.tool == "app_limited":
+            out[f.flow_id] = writer_port(run_dir, f)
+            continue
         path = run_dir / f.src / f"iperf3-client-{f.port}.json"
         streams = parse_iperf3(path.read_text()).streams if path.exists() else ()
         out[f.flow_id] = streams[0].sender_port if streams else None

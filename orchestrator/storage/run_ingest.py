@@ -68,6 +68,7 @@ class RunIngest:
     qdisc_samples: list[tuple[str, str, np.ndarray]] = field(default_factory=list)  # (host, iface, ..)
     ss_samples: list[tuple[str, np.ndarray]] = field(default_factory=list)  # (host, SS_SAMPLE)
     iperf_intervals: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (flow_id, ..)
+    app_writes: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (flow_id, APP_WRITE)
     packet_observers: tuple[PacketObserver, ...] = ()   # folds whose flags join the run row before it is written
 
 
@@ -90,6 +91,7 @@ class IngestCounts:
     qdisc_sample: int = 0
     ss_sample: int = 0
     iperf_interval: int = 0
+    app_write: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -122,6 +124,10 @@ def _qdelay_nulls(arr: np.ndarray) -> dict[str, np.ndarray]:
     return {"ts_out_ns": dropped, "sojourn_ns": dropped}
 
 
+def _app_write_nulls(arr: np.ndarray) -> dict[str, np.ndarray]:
+    return records.null_masks(arr, records.APP_WRITE_NULLABLE)
+
+
 def _ss_nulls(arr: np.ndarray) -> dict[str, np.ndarray]:
     return records.null_masks(arr, records.SS_NULLABLE)
 
@@ -133,12 +139,13 @@ BULK_LAYOUTS = (
     BulkLayout("qdisc_samples", tables.qdisc_sample, ("host", "interface"), records.QDISC_SAMPLE),
     BulkLayout("ss_samples", tables.ss_sample, ("host",), records.SS_SAMPLE, nulls=_ss_nulls),
     BulkLayout("iperf_intervals", tables.iperf_interval, ("flow_id",), records.IPERF_INTERVAL),
+    BulkLayout("app_writes", tables.app_write, ("flow_id",), records.APP_WRITE, nulls=_app_write_nulls),
 )
 
 CHILD_TABLES = (("flows", tables.flow), ("artifacts", tables.artifact), ("evidence", tables.host_evidence),
                  ("qdelay_pairs", tables.qdelay_pair), ("hosts", tables.run_host))
-TABLES_BY_RUN_ID = (tables.iperf_interval, tables.qdelay_pair, tables.capture_point, tables.host_evidence,
-              tables.run_host,
+TABLES_BY_RUN_ID = (tables.iperf_interval, tables.app_write, tables.qdelay_pair, tables.capture_point,
+              tables.host_evidence, tables.run_host,
               tables.artifact, tables.flow)
 
 
