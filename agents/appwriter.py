@@ -95,8 +95,9 @@ def connect(args: argparse.Namespace, deadline_ns: int) -> socket.socket:
 
 
 def realtime_priority() -> str:
-    """SCHED_FIFO for the writer, when allowed (the agent is root): a loaded host then wakes it on time. The
-    writer sleeps between writes and spins at most SPIN_NS, and the kernel's RT throttling bounds it anyway."""
+    """SCHED_FIFO, when allowed (the agent is root): a loaded host then wakes the child on time. The writer
+    sleeps between writes and spins at most SPIN_NS, the sink blocks in recv(); the kernel's RT throttling
+    bounds both anyway."""
     try:
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(RT_PRIORITY))
         return f"fifo:{RT_PRIORITY}"
@@ -142,6 +143,7 @@ def run_writer(args: argparse.Namespace) -> int:
 
 
 def run_sink(args: argparse.Namespace) -> int:
+    sched = realtime_priority()    # its read times are the application's view (M-APPREAD): wake it on time
     family = socket.AF_INET6 if ":" in args.bind else socket.AF_INET
     srv = socket.socket(family, socket.SOCK_STREAM)
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -158,7 +160,7 @@ def run_sink(args: argparse.Namespace) -> int:
     received = 0
     with conn, open(args.out, "wb", buffering=1 << 16) as out:
         _header(out, {"role": "sink", "port": args.port, "peer": peer[0], "peer_port": peer[1],
-                      "accepted_ns": time.time_ns()})
+                      "accepted_ns": time.time_ns(), "sched": sched})
         while True:
             left = (args.end_ns - time.time_ns()) / 1e9
             if left <= 0:

@@ -114,8 +114,3 @@ def app_writes(writes: np.ndarray, data: np.ndarray, isn: int | None, reads: np.
         out["read_latency_ns"][sent[got]] = (read[got] - off_dst) - t_common[got]
     return out
 
-
-def app_write_nulls(arr: np.ndarray) -> dict[str, np.ndarray]:
-    """NULL masks of an APP_WRITE chunk: no arrival, no read, hence no latency."""
-    return {"arrive_ns": arr["arrive_ns"] == NONE, "latency_ns": arr["arrive_ns"] == NONE,
-            "read_ns": arr["read_ns"] == NONE, "read_latency_ns": arr["read_ns"] == NONE}

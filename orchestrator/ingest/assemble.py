@@ -161,8 +161,15 @@ def assemble(spec: RunSpec, record: RunRecord, run_dir: Path) -> RunIngest:
 
 
 def clock_offsets(record: RunRecord) -> dict[str, int]:
-    """host -> its clock offset from the manager (ns), measured before the run (G-CLOCK)."""
-    return {e["host"]: int(e["data"]["offset_ns"]) for e in record.evidence if e["phase"] == "clock"}
+    """host -> its clock offset from the manager (ns), measured before the run (G-CLOCK). Hosts on one kernel
+    (the same boot_id: the netns lab) share one clock: they get one offset, the median of their measurements,
+    so that measurement noise does not enter times subtracted across them."""
+    measured = {e["host"]: int(e["data"]["offset_ns"]) for e in record.evidence if e["phase"] == "clock"}
+    boot = {e["host"]: e["data"].get("boot_id") or e["host"] for e in record.evidence if e["phase"] == "hello"}
+    groups: dict[str, list[int]] = {}
+    for host, off in measured.items():
+        groups.setdefault(boot.get(host, host), []).append(off)
+    return {host: int(np.median(groups[boot.get(host, host)])) for host in measured}
 
 
 def sender_ports(run_dir: Path, spec: RunSpec) -> dict[int, int | None]:

@@ -125,7 +125,10 @@ def _qdelay_nulls(arr: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def _app_write_nulls(arr: np.ndarray) -> dict[str, np.ndarray]:
-    return records.null_masks(arr, records.APP_WRITE_NULLABLE)
+    # a latency may be negative (clock offsets of two hosts): NULL follows the time it is taken from
+    none_arrived, none_read = arr["arrive_ns"] == -1, arr["read_ns"] == -1
+    return {"arrive_ns": none_arrived, "latency_ns": none_arrived, "read_ns": none_read,
+            "read_latency_ns": none_read}
 
 
 def _ss_nulls(arr: np.ndarray) -> dict[str, np.ndarray]:
