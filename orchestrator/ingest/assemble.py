@@ -165,7 +165,8 @@ def clock_offsets(record: RunRecord) -> dict[str, int]:
     (the same boot_id: the netns lab) share one clock: they get one offset, the median of their measurements,
     so that measurement noise does not enter times subtracted across them."""
     measured = {e["host"]: int(e["data"]["offset_ns"]) for e in record.evidence if e["phase"] == "clock"}
-    boot = {e["host"]: e["data"].get("boot_id") or e["host"] for e in record.evidence if e["phase"] == "hello"}
+    boot = {e["host"]: (e["data"].get("capabilities") or {}).get("boot_id") or e["host"]
+            for e in record.evidence if e["phase"] == "hello"}
     groups: dict[str, list[int]] = {}
     for host, off in measured.items():
         groups.setdefault(boot.get(host, host), []).append(off)
