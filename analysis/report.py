@@ -36,6 +36,7 @@ from analysis.tables import (
     series_tables,
     utilisation_table,
 )
+from analysis.thinstream import ThinStreamStats, latency_curves, run_thin_streams, thin_stream_table
 
 DEFAULT_BIN_NS = 100_000_000   # 100 ms: the timer-based default of M-TPUT
 MAX_RUN_PANELS = 24
@@ -161,7 +162,8 @@ def figures(results: Sequence[RunAnalysis], series: Sequence[RunSeries], bin_ns:
 
 
 def build_report(results: Sequence[RunAnalysis], series: Sequence[RunSeries], title: str = "tcplab report",
-                 bin_ns: int = DEFAULT_BIN_NS, generated: str | None = None) -> tuple[str, list[Table]]:
+                 bin_ns: int = DEFAULT_BIN_NS, generated: str | None = None,
+                 thin: Sequence[ThinStreamStats] = ()) -> tuple[str, list[Table]]:
     """(page HTML, tables to write). Pure apart from the clock when `generated` is not given."""
     rows = [r.row for r in results]
     head = "".join(f"<th>{html.escape(c.header)}</th>" for c in COLUMNS)
@@ -172,6 +174,9 @@ def build_report(results: Sequence[RunAnalysis], series: Sequence[RunSeries], ti
     study = [*qdelay_tables(results), utilisation_table(results), convergence_table(results)]
     detail, flows = runs_table(results), flows_table(results)
     tables = [*study, detail, flows, *series_tables(results)]
+    if thin:   # app-limited flows (M-APPLAT ...): their table among the result tables, their latency CDF
+        study.append(thin_stream_table(thin))
+        tables.append(study[-1])
 
     def link(t: Table) -> str:
         return f"{TABLES_DIR}/{t.name}.csv"
@@ -185,6 +190,10 @@ def build_report(results: Sequence[RunAnalysis], series: Sequence[RunSeries], ti
                                                    "aqm_dropped", "retransmissions", "fct_s", "gap_median_us",
                                                    "dctcp_alpha_mean", "convergence_s")), link(flows))
     figs = figures(results, series, bin_ns)
+    if thin:
+        figs.append(Figure("Application-layer latency CDF (app-limited flows, every write)",
+                           cdf_png(latency_curves(thin, arm_labels(results)), "write → first arrival (ms)",
+                                   "application-layer latency (M-APPLAT)"), "application-layer latency CDF"))
     plots = "\n".join(f"<h2>{html.escape(f.heading)}</h2>\n{_img(f.png, f.alt)}" for f in figs)
     if len(results) > MAX_RUN_PANELS:
         plots = (f'<p class="note">Per-run figures show the first {MAX_RUN_PANELS} of {len(results)} runs; '
@@ -242,11 +251,13 @@ def write_report(engine: Engine, out_dir: Path, run_ids: list[str] | None = None
     out_dir.mkdir(parents=True, exist_ok=True)
     results: list[RunAnalysis] = []
     series: list[RunSeries] = []
+    thin: list[ThinStreamStats] = []
     for data in iter_runs(engine, run_ids, detail=True):
         result = analyse(data)
         results.append(result)
         series.append(run_series(data, result.row, bin_ns))
-    page, tables = build_report(results, series, title, bin_ns)
+        thin += run_thin_streams(engine, result.run_id, data.meta.spec)
+    page, tables = build_report(results, series, title, bin_ns, thin=thin)
     write_runs_csv([r.row for r in results], out_dir / "runs.csv")
     write_tables(tables, out_dir / TABLES_DIR)
     path = out_dir / "report.html"
