@@ -19,8 +19,8 @@ from orchestrator.storage import tables
 SKIPPED = -2            # agents/appwriter.py: the instant was reached more than half an interval late
 LATE_FRACTION = 0.04    # a write made more than max(LATE_MIN_NS, 4 % of the interval) after its instant is late
 LATE_MIN_NS = 1_000_000
-APP_COLUMNS = ("flow_id", "write_index", "sched_ns", "t_ns", "offset", "len", "accepted", "latency_ns",
-               "read_latency_ns")
+APP_COLUMNS = ("flow_id", "write_index", "sched_ns", "t_ns", "offset", "len", "accepted", "arrivals",
+               "latency_ns", "read_latency_ns")
 APP_DTYPE = np.dtype([(n, "i8") for n in APP_COLUMNS[:-2]] + [("latency_ns", "f8"), ("read_latency_ns", "f8")])
 
 
@@ -37,6 +37,7 @@ class ThinStreamStats:
     late: int                # M-APPLOSS: made more than the late threshold after their instant
     unsent: int              # M-APPLOSS: made, but the socket took less than the write (send buffer full)
     lost: int                # M-APPLOSS: bytes taken, but their first byte never seen at the receiver side
+    unobserved: int          # made before the receiver-side capture started and not seen: neither lost nor timed
     interval_mean_ms: float  # M-WRITEGAP
     interval_p50_ms: float
     interval_p99_ms: float
@@ -68,7 +69,8 @@ def thin_stream_stats(run_id: str, flow_id: int, rows: np.ndarray, planned_inter
     return ThinStreamStats(
         run_id=run_id, flow_id=flow_id, planned_interval_ms=planned_interval_ns / 1e6, writes=int(rows.size),
         made=int(made.size), skipped=int(rows.size - made.size), late=int((lateness > late_ns).sum()),
-        unsent=int((made["accepted"] < made["len"]).sum()), lost=int(np.isnan(taken["latency_ns"]).sum()),
+        unsent=int((made["accepted"] < made["len"]).sum()), lost=int((taken["arrivals"] == 0).sum()),
+        unobserved=int((taken["arrivals"] < 0).sum()),
         interval_mean_ms=float(gaps_ms.mean()) if gaps_ms.size else math.nan,
         interval_p50_ms=_pct(gaps_ms, 50), interval_p99_ms=_pct(gaps_ms, 99), interval_max_dev_ms=dev,
         lateness_max_ms=float(lateness.max()) / 1e6 if lateness.size else math.nan,
@@ -105,6 +107,7 @@ def run_thin_streams(engine: Engine, run_id: str, spec: RunSpec | None) -> list[
 
 
 TABLE_COLUMNS = ("run_id", "flow_id", "planned_interval_ms", "writes", "skipped", "late", "unsent", "lost",
+                 "unobserved",
                  "interval_mean_ms", "interval_p50_ms", "interval_p99_ms", "interval_max_dev_ms",
                  "lateness_max_ms", "latency_p50_ms", "latency_p99_ms", "latency_max_ms",
                  "read_latency_p50_ms", "read_latency_p99_ms")

@@ -24,6 +24,7 @@ class CaptureFile(Protocol):
     label: str
     host: str
     path: Path
+    started_ns: int | None
 
 
 def writer_log(run_dir: Path, f: FlowSpec) -> Path:
@@ -101,5 +102,6 @@ def app_write_rows(spec: RunSpec, run_dir: Path, captures: Sequence[CaptureFile]
         cap = chosen[f.flow_id]
         offsets = (clock_offsets.get(f.src, 0), clock_offsets.get(cap.host, 0) if cap else 0,
                    clock_offsets.get(f.dst, 0))
-        out.append((f.flow_id, applat.app_writes(logs[f.flow_id].rows, data, isn, reads, offsets)))
+        since = cap.started_ns if cap is not None and cap.started_ns is not None else None
+        out.append((f.flow_id, applat.app_writes(logs[f.flow_id].rows, data, isn, reads, offsets, since)))
     return out

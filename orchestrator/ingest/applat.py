@@ -18,6 +18,7 @@ from orchestrator.storage import records
 SEQ_SPACE = 1 << 32
 SYN, ACK = 0x02, 0x10
 NONE = -1
+UNOBSERVED = -1      # `arrivals` of a write made before the receiver-side capture started, not seen
 MAX_PAIRS = 50_000_000      # (packet, write) pairs expanded at once: a packet covers few writes of a thin stream
 # A capture without the SYN: the stream's first byte is taken as the lowest sequence number among the
 # first ISN_WINDOW data packets (a retransmission of offset 0 comes within a few)
@@ -81,11 +82,12 @@ def first_reads(ends: np.ndarray, read_ts: np.ndarray, upto: np.ndarray) -> np.n
 
 
 def app_writes(writes: np.ndarray, data: np.ndarray, isn: int | None, reads: np.ndarray | None,
-               offsets_ns: tuple[int, int, int]) -> np.ndarray:
+               offsets_ns: tuple[int, int, int], capture_from_ns: int | None = None) -> np.ndarray:
     """records.APP_WRITE rows of one flow. `writes`: applog.WRITE_LOG rows; `data`: the flow's data packets
     at the receiver-side capture (ts_ns, seq, payload_len; capture order); `reads`: applog.READ_LOG rows of
     the sink, or None; offsets_ns: the clock offsets (host − manager) of the writer's host, the capture's host
-    and the sink's host, removed before times of two hosts are subtracted."""
+    and the sink's host, removed before times of two hosts are subtracted; capture_from_ns: when the capture
+    started (its host's clock): a write made before it that was not seen is UNOBSERVED (arrivals −1), not lost."""
     assert writes.dtype == WRITE_LOG
     n = writes.size
     out = np.zeros(n, dtype=records.APP_WRITE)
@@ -106,6 +108,9 @@ def app_writes(writes: np.ndarray, data: np.ndarray, isn: int | None, reads: np.
         out["arrivals"][sent] = hits
         seen = arrive != NONE
         out["latency_ns"][sent[seen]] = (arrive[seen] - off_cap) - t_common[seen]
+    if capture_from_ns is not None and sent.size:
+        early = (out["arrivals"][sent] == 0) & (t_common < capture_from_ns - off_cap)
+        out["arrivals"][sent[early]] = UNOBSERVED
     if reads is not None and reads.size and sent.size:
         upto = writes["offset"][sent].astype(np.int64) + writes["accepted"][sent]
         read = first_reads(reads["end"], reads["t_ns"], upto)

@@ -62,6 +62,7 @@ class _Capture:
     host: str
     interface: str
     path: Path
+    started_ns: int | None = None   # when tcpdump said it was listening (the capture host's clock)
 
 
 def _direction_chunks(cap: _Capture, src: np.void, dst: np.void, conns: ConnRegistry) -> Iterator[np.ndarray]:
@@ -131,7 +132,7 @@ def assemble(spec: RunSpec, record: RunRecord, run_dir: Path) -> RunIngest:
                 if kind == "pcap":
                     iface = meta.get("interface", "")
                     point = point_names.get((host, iface), f"{host}:{iface}")
-                    captures.append(_Capture(len(captures), point, host, iface, path))
+                    captures.append(_Capture(len(captures), point, host, iface, path, meta.get("started_ns")))
                     extra[point] = {"host": host, "interface": iface, **{k: meta.get(k) for k in CAPTURE_COUNTS}}
                 elif kind == "tcp_probe":
                     probes.append((host, parse_tcp_probe(path.read_text(), trace_offset_ns(meta))))

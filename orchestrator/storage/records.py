@@ -109,7 +109,8 @@ APP_WRITE = np.dtype([
     ("offset", "i8"), ("len", "i4"),      # stream offset of the write's first byte; bytes asked
     ("accepted", "i4"),                    # bytes the socket took; -1 send failed, -2 instant skipped (late)
     ("arrive_ns", "i8"),                   # first arrival of the write's first byte at the receiver side
-    ("arrivals", "i4"),                    # captured packets that carried that byte (> 1: it came again)
+    ("arrivals", "i4"),                    # captured packets that carried that byte (> 1: it came again;
+                                           # -1: made before the capture started and not seen)
     ("read_ns", "i8"),                     # the sink's read that returned the write's last byte
     ("latency_ns", "i8"),                  # M-APPLAT: arrive − t
     ("read_latency_ns", "i8"),             # M-APPREAD: read − t

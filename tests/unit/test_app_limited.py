@@ -198,6 +198,10 @@ def test_clock_offsets_are_removed_and_hosts_on_one_kernel_share_one() -> None:
     reads = np.array([(7000, 50)], dtype=[("t_ns", "<i8"), ("end", "<i8")])
     row = applat.app_writes(writes, data, 100, reads, (-200, 300, 700))[0]
     assert row["latency_ns"] == (5000 - 300) - (1000 + 200) and row["read_latency_ns"] == (7000 - 700) - 1200
+    unseen = applat.app_writes(writes, data[:0], 100, None, (-200, 300, 700), capture_from_ns=2000)[0]
+    assert unseen["arrivals"] == applat.UNOBSERVED and unseen["latency_ns"] == applat.NONE   # made at 1200 < 1700
+    lost = applat.app_writes(writes, data[:0], 100, None, (-200, 300, 700), capture_from_ns=1000)[0]
+    assert lost["arrivals"] == 0                                       # the capture ran: the write was lost
     ev = [{"host": h, "phase": "hello", "data": {"capabilities": {"boot_id": b}}}
           for h, b in (("a", "k1"), ("b", "k1"), ("c", "k1"), ("d", "k2"))]
     ev += [{"host": h, "phase": "clock", "data": {"offset_ns": o, "rtt_ns": 1}}
