@@ -17,7 +17,8 @@ from agents.taskbase import TaskRunner
 from schemas import limits, procs
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)   # holds agents/: the child imports agents.appwriter
-CHILD = [sys.executable, "-m", "agents.appwriter"]
+# -S: no site module (the child needs the standard library only; site-packages' .pth hooks cost startup time)
+CHILD = [sys.executable, "-S", "-m", "agents.appwriter"]
 EXIT_GRACE_S = 30.0   # after its last write the writer only closes; the sink only waits for EOF
 
 

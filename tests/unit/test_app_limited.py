@@ -93,12 +93,13 @@ def test_argv_lists() -> None:
     w = protocol.AppWriterTask(task_id="w", start_ns=0, port=6000, dst_addr="10.0.0.2", cc="cubic", nodelay=True,
                                write_size=50, interval_ns=50_000_000, connect_ns=1, first_ns=2, end_ns=3)
     argv = writer_argv(w, Path("/r/app-writer-6000.bin"))
-    assert argv[1:] == ["-m", "agents.appwriter", "writer", "--dst", "10.0.0.2", "--port", "6000", "--cc", "cubic",
+    assert argv[1:] == ["-S", "-m", "agents.appwriter", "writer", "--dst", "10.0.0.2", "--port", "6000",
+                        "--cc", "cubic",
                         "--size", "50", "--interval-ns", "50000000", "--dist", "fixed", "--seed", "0",
                         "--connect-ns", "1", "--first-ns", "2", "--end-ns", "3", "--limit",
                         str(limits.MAX_APP_WRITES), "--out", "/r/app-writer-6000.bin", "--nodelay"]
     s = protocol.AppSinkTask(task_id="s", start_ns=0, port=6000, stop_ns=9)
-    assert sink_argv(s, Path("/r/s.bin"))[3:] == ["sink", "--port", "6000", "--end-ns", "9", "--out", "/r/s.bin"]
+    assert sink_argv(s, Path("/r/s.bin"))[4:] == ["sink", "--port", "6000", "--end-ns", "9", "--out", "/r/s.bin"]
 
 
 def test_a_fixed_schedule_is_absolute_and_bounded() -> None:
