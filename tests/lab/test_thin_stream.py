@@ -65,9 +65,10 @@ def test_fixed_writes_keep_50_ms_within_2_ms_and_exponential_ones_follow_the_see
               f"{gaps_ms.min():.3f} .. {gaps_ms.max():.3f} ms, |gap − scheduled| p99 {np.percentile(dev_ms, 99):.3f} "
               f"max {dev_ms.max():.3f} ms, lateness max {lateness_ms.max():.3f} ms")
         assert np.all(made["accepted"] == 50)                  # nothing left in the send buffer
-        # on a loaded host the children may start late: the writer then skips (never bursts) the instants it
-        # missed before it was connected, and only those
-        assert np.all(skipped["sched_ns"] < m["connected_ns"] + m["interval_ns"] // 2)
+        # on a loaded host the children may start late, or a write may be stalled: the writer then skips (never
+        # bursts) an instant it reached more than half an interval late, and logs when it got there
+        assert np.all(skipped["t_ns"] - skipped["sched_ns"] > m["interval_ns"] // 2)
+        assert np.all(skipped["sched_ns"] < m["connected_ns"] + m["interval_ns"] // 2) or skipped.size <= 2
         # the intervals between writes hold 50 ms ± 2 ms (fixed) or the scheduled gap ± 2 ms (exponential);
         # a host at 100 % CPU (G-CPULOAD) may stall one write in a hundred, never more
         assert np.mean(dev_ms <= 2.0) >= 0.98, dev_ms
