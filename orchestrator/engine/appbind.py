@@ -19,6 +19,16 @@ SPAWN_EARLY_NS = 10_000_000_000   # before the run's start: in the past when the
 CONNECT_AFTER_START_NS = 800_000_000   # after the captures start (bind.LEAD_NS before T0)
 
 
+# The writer and sink are Python processes: in a QEMU TCG guest (9p root) one took ~3.9 s from the schedule
+# to its first connect, so a run with app-limited flows starts this much later than the others
+APP_START_LEAD_NS = 4_000_000_000
+
+
+def app_start_lead_ns(spec: RunSpec) -> int:
+    """Extra time between the schedule and T0 for a run with app-limited flows (0 without)."""
+    return APP_START_LEAD_NS if any(f.tool == "app_limited" for f in spec.flows) else 0
+
+
 def writer_seed(run_seed: int, flow_id: int) -> int:
     """The seed of one flow's exponential gaps: the run's seed, distinct per flow (reproducible)."""
     return (run_seed * 1_000_003 + flow_id) % SEED_MODULUS

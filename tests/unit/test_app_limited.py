@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from agents.appflows import sink_argv, writer_argv
 from agents.appwriter import MAGIC, WRITE_RECORD, schedule, writes_planned
-from orchestrator.engine.appbind import app_flow_tasks
+from orchestrator.engine.appbind import APP_START_LEAD_NS, app_flow_tasks, app_start_lead_ns
 from orchestrator.engine.bind import Timeline
 from orchestrator.ingest import applat
 from orchestrator.ingest.applog import parse_read_log, parse_write_log
@@ -76,6 +76,10 @@ def test_bind_makes_a_sink_and_a_writer_per_flow_and_no_iperf3() -> None:
         "first_ns": 10**18, "end_ns": 10**18 + 10_000_000_000}
     (fixed,) = plan()
     assert "write_interval_dist" not in fixed.model_dump(mode="json")["flows"][0]   # old specs keep their JSON
+    assert app_start_lead_ns(spec) == APP_START_LEAD_NS                  # time for the children to start
+    (bulk,) = expand(load_plan_text(PLAN.replace("tool: app_limited", "tool: iperf3").replace(
+        "write_size: 50B,\n            write_interval: 50ms, ", "").replace("EXTRA", ""), "thin.yaml"))
+    assert app_start_lead_ns(bulk) == 0
 
 
 def test_the_protocol_refuses_a_writer_schedule_out_of_order() -> None:
