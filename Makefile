@@ -13,7 +13,7 @@ APT_PKGS := iproute2 iputils-ping iperf3 tcpdump ethtool tshark python3 python3-
 VM_APT_PKGS := qemu-system-x86 busybox-static debootstrap e2fsprogs openssh-client
 PG_ADMIN_URL ?= postgresql://postgres@127.0.0.1:5432/postgres
 
-.PHONY: setup apt vm-deps venv postgres demo test lint clean
+.PHONY: setup apt vm-deps venv postgres tracefs demo test lint clean
 
 setup: apt venv
 
@@ -48,7 +48,12 @@ postgres: apt
 	fi
 	@pg_isready -h 127.0.0.1 -p 5432
 
-demo: setup
+# tcp:tcp_probe and kernel timings read tracefs; a fresh machine may not have it mounted
+tracefs:
+	@mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing || \
+	  echo "tracefs could not be mounted: tracing tests will skip naming it"
+
+demo: setup tracefs
 	$(TCPLAB) lab up
 	@rc=0; \
 	$(TCPLAB) run experiments/quickstart.yaml || rc=$$?; \
@@ -56,7 +61,7 @@ demo: setup
 	$(TCPLAB) lab down; \
 	exit $$rc
 
-test: setup vm-deps postgres
+test: setup vm-deps postgres tracefs
 	TCPLAB_TEST_PG=$(PG_ADMIN_URL) $(VENV)/bin/pytest -q -rs
 
 lint: venv

@@ -11,7 +11,7 @@ import time
 from agents.children import spawn
 from agents.host.argv import tc_handle
 from agents.host.capabilities import tracefs_root
-from agents.taskbase import TaskRunner, realtime_minus_mono_ns, sleep_until
+from agents.taskbase import TaskRunner, missed_remark, next_beat, realtime_minus_mono_ns, sleep_until
 from schemas import procs
 from schemas.qdiscs import decoded_xstats
 
@@ -67,11 +67,13 @@ class QdiscStats(TaskRunner):
         interval = self.spec.interval_ms * 1_000_000
         lines = [QDISC_CSV_HEADER]
         last_xstats: dict[str, tuple[str, object]] = {}    # handle -> (kind, raw TCA_XSTATS) of the last sample
+        polls = missed = 0
         with IPRoute() as ipr:
             idx = ipr.link_lookup(ifname=self.spec.interface)[0]
             nxt = time.time_ns()
-            while nxt < self.spec.stop_ns:
+            while nxt < self.spec.stop_ns and not self.stop_event.is_set():
                 ts = time.time_ns()
+                polls += 1
                 for q in ipr.get_qdiscs(index=idx):
                     handle, kind = tc_handle(q["handle"]), q.get_attr("TCA_KIND")
                     last_xstats[handle] = (kind, q.get_attr("TCA_XSTATS"))
@@ -82,10 +84,12 @@ class QdiscStats(TaskRunner):
                                  f"{basic['bytes']},{basic['packets']},{queue['drops']},"
                                  f"{queue['overlimits']},{queue['requeues']},{queue['backlog']},"
                                  f"{queue['qlen']}\n")
-                nxt += interval
-                time.sleep(max(0.0, (nxt - time.time_ns()) / 1e9))
+                nxt, overran = next_beat(nxt, time.time_ns(), interval, self.spec.stop_ns)
+                missed += overran
+                time.sleep(max(0.0, (min(nxt, self.spec.stop_ns) - time.time_ns()) / 1e9))
         (self.run_dir / self.out_name).write_text("".join(lines))
-        self.meta["samples"] = len(lines) - 1
+        self.meta.update({"samples": len(lines) - 1, "polls": polls, "missed": missed})
+        self.detail = missed_remark(polls, missed, self.spec.interval_ms)
         # decoded once, from the last sample (not at every poll)
         xstats = {h: x for h, (kind, raw) in last_xstats.items() if (x := decoded_xstats(kind, raw)) is not None}
         if xstats:   # tcplab's own kinds: their counters as of the last sample (aqm_mark: marked, not_ect, ...)
@@ -105,14 +109,6 @@ def ss_argv(ports: list[int], dst_addrs: list[str]) -> list[str]:
     argv = ["ss", "-tinH", *any_of([["dport", "=", f":{int(p)}"] for p in ports])]
     addrs = [f"[{a}]" if ":" in a else a for a in dst_addrs]   # ss wants IPv6 in brackets
     return argv + (["and", *any_of([["dst", a] for a in addrs])] if dst_addrs else [])
-
-
-def skipped_before(first_ns: int, skip: int, interval_ns: int, stop_ns: int) -> int:
-    """How many of `skip` slots from first_ns on (every interval_ns) fall before stop_ns: a poll that overran
-    the end of the sampling does not count slots that never were to be polled as missed."""
-    if first_ns >= stop_ns:
-        return 0
-    return min(skip, (stop_ns - first_ns - 1) // interval_ns + 1)
 
 
 class SsSample(TaskRunner):
@@ -153,18 +149,16 @@ class SsSample(TaskRunner):
                 a, b, out = await self._poll(argv)
                 fh.write(f"@ {a} {b}\n".encode() + out)
                 polls, max_span = polls + 1, max(max_span, b - a)
-                nxt += interval
                 now = time.time_ns()
-                if now >= nxt:
-                    skip = (now - nxt) // interval + 1
-                    missed += skipped_before(nxt, skip, interval, self.spec.stop_ns)
-                    nxt += skip * interval
+                nxt, overran = next_beat(nxt, now, interval, self.spec.stop_ns)
+                missed += overran
                 try:
                     await asyncio.wait_for(self.stop_event.wait(), (min(nxt, self.spec.stop_ns) - now) / 1e9)
                 except TimeoutError:
                     pass
         self.meta.update({"polls": polls, "missed": missed, "max_span_ns": max_span,
                           "interval_ms": self.spec.interval_ms})
+        self.detail = missed_remark(polls, missed, self.spec.interval_ms)
 
 
 class CpuLoad(TaskRunner):

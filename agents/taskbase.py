@@ -26,6 +26,37 @@ def realtime_minus_mono_ns() -> int:
     return (a + b) // 2 - m
 
 
+def skipped_before(first_ns: int, skip: int, interval_ns: int, stop_ns: int) -> int:
+    """How many of `skip` slots from first_ns on (every interval_ns) fall before stop_ns: a poll that overran
+    the end of the sampling does not count slots that never were to be polled as missed."""
+    if first_ns >= stop_ns:
+        return 0
+    return min(skip, (stop_ns - first_ns - 1) // interval_ns + 1)
+
+
+def next_beat(slot_ns: int, now_ns: int, interval_ns: int, stop_ns: int) -> tuple[int, int]:
+    """The slot after `slot_ns` that a poll ending at `now_ns` can still keep, and how many slots (before
+    stop_ns) it overran. A poller that falls behind skips slots, it never queues them up: a 1 ms beat on a
+    loaded guest must still end at stop_ns, not several times the run's length later."""
+    nxt = slot_ns + interval_ns
+    if now_ns < nxt:
+        return nxt, 0
+    skip = (now_ns - nxt) // interval_ns + 1
+    return nxt + skip * interval_ns, skipped_before(nxt, skip, interval_ns, stop_ns)
+
+
+MISSED_REMARK_FRACTION = 0.05
+
+
+def missed_remark(polls: int, missed: int, interval_ms: int) -> str:
+    """The remark (a G-TASK flag on the run) of a poller that kept fewer than 95 % of its slots."""
+    slots = polls + missed
+    if not slots or missed <= MISSED_REMARK_FRACTION * slots:
+        return ""
+    return (f"polled {polls} of {slots} slots of {interval_ms} ms ({missed} skipped: each poll took longer than "
+            "the interval); the series is coarser than asked")
+
+
 class TaskRunner:
     kind = ""
 

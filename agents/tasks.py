@@ -72,16 +72,40 @@ class Iperf3Client(_ProcessTask):
         return argv + (["-N"] if s.nodelay else [])
 
     async def execute(self) -> None:
-        await super().execute()
+        # a server a loaded guest has not started listening yet refuses the connection: iperf3 gives up at
+        # once, so the client tries again until CONNECT_GRACE_NS after its start and says how late it began
+        retries = 0
+        while True:
+            began_ns = time.time_ns()
+            await super().execute()
+            error, sent = iperf3_json_error((self.run_dir / self.out_name).read_bytes())
+            if not (retry_connect(error, sent, time.time_ns() - self.spec.start_ns) and not self.stop_event.is_set()):
+                break
+            retries += 1
+            await asyncio.sleep(CONNECT_RETRY_S)
         # iperf3 3.12 -J exits 0 on errors: they are only in the JSON. A flow that never sent fails the
         # run; one that sent and then lost its server (e.g. stopped at the run's end after a late start)
         # is a flag on the run: its packets are real, its iperf3 summary is missing
-        error, sent = iperf3_json_error((self.run_dir / self.out_name).read_bytes())
         where = f"iperf3 -c {self.spec.dst_addr} -p {self.spec.port}"
+        if retries:
+            late_ms = (began_ns - self.spec.start_ns) / 1e6
+            self.meta.update({"connect_retries": retries, "late_start_ms": round(late_ms, 1)})
+            self.detail = (f"{where}: the server was not listening at the flow's start; connected after {retries} "
+                           f"retries, {late_ms:.0f} ms late")
         if error and not sent and not self.stop_event.is_set():
             raise RuntimeError(f"{where}: {error}")
         if error:
             self.detail = f"{where} ended abnormally after sending: {error}"
+
+
+CONNECT_GRACE_NS = 1_000_000_000
+CONNECT_RETRY_S = 0.05
+
+
+def retry_connect(error: str | None, sent: bool, since_start_ns: int) -> bool:
+    """Whether an iperf3 client that ended with `error` should connect again: refused before it sent
+    anything, within the grace after its start."""
+    return bool(error) and not sent and "Connection refused" in error and since_start_ns < CONNECT_GRACE_NS
 
 
 def iperf3_json_error(data: bytes) -> tuple[str | None, bool]:

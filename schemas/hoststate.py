@@ -40,6 +40,9 @@ CoalesceValue = Annotated[int, Field(ge=0, le=2**32 - 1)] | bool
 class InterfaceState(_Strict):
     """State of one data interface. `qdiscs` is the chain from the root down, in plan order."""
 
+    mtu: int | None = Field(default=None, ge=68, le=65535, description="`ip link set dev IF mtu N`; None: left as "
+                            "it is")
+
     offloads: dict[OffloadName, bool] = Field(default_factory=dict, description="ethtool -K short names")
     qdiscs: list[QdiscStage] = Field(default_factory=list)
     coalesce: dict[CoalesceName, CoalesceValue] = Field(
@@ -48,6 +51,9 @@ class InterfaceState(_Strict):
         default_factory=dict, description="ethtool -A pause-frame settings")
     neighbours: dict[IPAddress, MacAddress] = Field(
         default_factory=dict, description="peer address -> MAC, made `nud permanent` (G-ARP)")
+    quickack: bool | None = Field(
+        None, description="every route through the interface carries `quickack` (on: the receiver ACKs each "
+        "segment, G-ACK); None leaves the routes as they are")
 
 
 class HostState(_Strict):

@@ -201,6 +201,22 @@ class KernelBuild(_Msg):
                                   "distribution package")
 
 
+class HostOS(_Msg):
+    """The host's operating system: platform.uname() and /etc/os-release (schemas/hostos.py)."""
+    system: str = Field(description="platform.uname().system: Linux, FreeBSD, ...")
+    id: str = Field("", description="os-release ID (debian, ubuntu, freebsd); empty when there is none")
+    version_id: str = Field("", description="os-release VERSION_ID")
+    pretty: str = Field("", description="os-release PRETTY_NAME")
+
+
+class LinkSpeed(_Msg):
+    """The speed `ethtool IF` reports, and whether it says anything about the wire (G-NIC)."""
+    mbps: int | None = Field(None, description="`Speed:` in Mb/s; None: Unknown!")
+    checkable: bool = Field(False, description="a physical link's speed: a virtual driver's (veth, tun, virtio) "
+                            "is a constant or unknown, never the wire's")
+    why: str = Field("", description="why it is not checkable")
+
+
 class Capabilities(_Msg):
     kernel_release: str
     kernel_build: KernelBuild | None = Field(None, description="the installed variant of the running kernel, "
@@ -215,10 +231,20 @@ class Capabilities(_Msg):
     pause_frames: dict[str, bool] = Field(default_factory=dict,
                                           description="per interface: the driver has pause-frame settings")
     drivers: dict[str, str] = Field(default_factory=dict, description="per interface: ethtool -i driver")
+    # added with the host-state checks (docs/host-state.md); an older agent reports none of them
+    os: HostOS | None = Field(None, description="the host's operating system")
+    fixed_offloads: dict[str, dict[str, bool]] = Field(
+        default_factory=dict, description="per interface: ethtool -K short name -> the value the driver fixed it "
+        "at (`[fixed]`)")
+    link_speeds: dict[str, LinkSpeed] = Field(default_factory=dict, description="per interface: `ethtool IF` speed")
+    mtu_range: dict[str, tuple[int, int]] = Field(
+        default_factory=dict, description="per interface: (min_mtu, max_mtu) from `ip -d -j link show`")
     tools: dict[str, str] = Field(description="tool -> version string")
     tracepoints: list[str]
     boot_id: str = Field("", description="/proc/sys/kernel/random/boot_id: hosts with the same one share a "
                          "kernel and its CPUs (netns lab)")
+    tcp_delayed_acks: bool = Field(False, description="the sysctl net.ipv4.tcp_delayed_acks exists (patched "
+                                   "kernels only; ack_policy mechanism tcp_delayed_acks_sysctl)")
     socket_diag: bool = Field(True, description="inet_diag answers for TCP (tcp_diag): `ss -ti` shows TCP_INFO "
                               "(without it ss reads /proc/net/tcp: no cwnd, no DCTCP alpha)")
     # an agent older than the allow-lists reports none: the manager then assumes the defaults
@@ -255,9 +281,14 @@ class InterfaceReadback(_Msg):
     unsupported: dict[str, str] = Field(default_factory=dict,
                                         description="ethtool operation -> the driver's refusal (e.g. coalesce)")
     neighbours: list[dict[str, Any]] = Field(default_factory=list, description="literal `ip -j neigh show dev IF`")
+    mtu: int | None = Field(default=None, description="the interface's MTU (`ip -j link show`)")
+    speed: LinkSpeed | None = Field(default=None, description="`ethtool IF` speed at apply (G-NIC)")
     raw_qdiscs: list[dict[str, str]] = Field(
         default_factory=list, description="qdiscs tc cannot print (kinds of tcplab's own modules, e.g. aqm_mark) "
         "from a netlink dump: handle, parent, kind, options_hex and xstats_hex (the kernel's bytes)")
+    routes: dict[Literal["inet", "inet6"], list[dict[str, Any]]] = Field(
+        default_factory=dict, description="family -> literal `ip -j -4|-6 route show dev IF` (the main table; "
+        "`quickack 1` shows in `metrics`)")
 
 
 class Readback(_Msg):

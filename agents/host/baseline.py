@@ -32,6 +32,8 @@ class InterfaceSnapshot:
     coalesce: dict[str, int | bool] | None = None                 # None: the driver has none
     pause: dict[str, bool] | None = None
     neighbours: dict[str, str] = field(default_factory=dict)      # PERMANENT entries: addr -> lladdr
+    mtu: int | None = None                                        # None: a journal from before MTUs were set
+    quickack: dict[str, bool] = field(default_factory=dict)        # route key (schemas/routes.py) -> quickack
 
 
 @dataclass

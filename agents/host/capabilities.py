@@ -15,8 +15,17 @@ from pyroute2 import DiagSocket
 from pyroute2.netlink.exceptions import NetlinkError
 
 from agents.host import modules as kmod
-from agents.host.readback import read_coalesce, read_driver, read_features, read_pause
-from agents.host.tunables import congestion_controls
+from agents.host.hostos import host_os
+from agents.host.readback import (
+    read_coalesce,
+    read_driver,
+    read_features,
+    read_fixed_offloads,
+    read_link,
+    read_pause,
+    read_speed,
+)
+from agents.host.tunables import congestion_controls, sysctl_path
 from schemas import procs
 from schemas.nic import OFFLOAD_LONG_NAMES
 from schemas.protocol import Capabilities, KernelBuild
@@ -141,6 +150,7 @@ def probe(interfaces: list[str], sysctl_prefixes: list[str], modules: list[str],
                          for short, long in OFFLOAD_LONG_NAMES.items() if long in feats}
     coalesce = {dev: sorted(read_coalesce(dev)[0] or {}) for dev in interfaces}
     ccs = congestion_controls()
+    drivers = {dev: read_driver(dev) for dev in interfaces}
     return Capabilities(
         kernel_release=os.uname().release,
         kernel_build=installed_build(os.uname().release),
@@ -150,10 +160,15 @@ def probe(interfaces: list[str], sysctl_prefixes: list[str], modules: list[str],
         offload_features=features,
         coalesce_params=coalesce,
         pause_frames={dev: read_pause(dev)[0] is not None for dev in interfaces},
-        drivers={dev: read_driver(dev) for dev in interfaces},
+        drivers=drivers,
+        os=host_os(),
+        fixed_offloads={dev: read_fixed_offloads(dev) for dev in interfaces},
+        link_speeds={dev: read_speed(dev, drivers[dev]) for dev in interfaces},
+        mtu_range={dev: read_link(dev)[1:] for dev in interfaces},
         tools={name: _first_line(argv) for name, argv in TOOLS.items()},
         tracepoints=tracepoints,
         socket_diag=tcp_socket_diag(),
+        tcp_delayed_acks=sysctl_path("net.ipv4.tcp_delayed_acks").exists(),
         boot_id=Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
         allowed_sysctl_prefixes=list(sysctl_prefixes),
         allowed_modules=list(modules),

@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agents.host import baseline, ethtool, modules, neighbours
+from agents.host import baseline, ethtool, linkinfo, modules, neighbours, routes
 from agents.host.argv import ChainError, RawQdisc, chain_argv, offload_argv, root_delete_argv
 from agents.host.baseline import Baseline, InterfaceSnapshot, Snapshot
 from agents.host.errors import NotAllowed, StateError
 from agents.host.readback import (
     read_coalesce,
     read_features,
+    read_link,
     read_neighbours,
     read_pause,
     read_qdiscs,
@@ -37,6 +38,7 @@ from schemas.neighbours import permanent_neighbours
 from schemas.nic import OFFLOAD_LONG_NAMES
 from schemas.protocol import Readback
 from schemas.qdiscs import kind_of
+from schemas.routes import quickack_by_route
 
 
 def snapshot_interface(dev: str) -> InterfaceSnapshot:
@@ -46,7 +48,8 @@ def snapshot_interface(dev: str) -> InterfaceSnapshot:
         features={short: bool(feats[long]["active"]) for short, long in OFFLOAD_LONG_NAMES.items() if long in feats},
         root_kind=root[0]["kind"] if root else "noqueue",
         coalesce=read_coalesce(dev)[0], pause=read_pause(dev)[0],
-        neighbours=permanent_neighbours(read_neighbours(dev)))
+        neighbours=permanent_neighbours(read_neighbours(dev)), mtu=read_link(dev)[0],
+        quickack=quickack_by_route(routes.read_routes(dev)))
 
 
 def take_snapshot(interfaces: list[str], sysctl_names: list[str]) -> Snapshot:
@@ -64,9 +67,11 @@ def snapshot_differences(want: Snapshot, got: Snapshot) -> list[str]:
         g = got.interfaces[dev]
         diffs += [f"{dev} offload {k}: {g.features.get(k)} != snapshot {v}"
                   for k, v in w.features.items() if g.features.get(k) != v]
+        if w.mtu is not None and g.mtu != w.mtu:
+            diffs.append(f"{dev} mtu {g.mtu} != snapshot {w.mtu}")
         if g.root_kind != w.root_kind:
             diffs.append(f"{dev} root qdisc {g.root_kind} != snapshot {w.root_kind}")
-        for what in ("coalesce", "pause", "neighbours"):
+        for what in ("coalesce", "pause", "neighbours", "quickack"):
             if getattr(g, what) != getattr(w, what):
                 diffs.append(f"{dev} {what} {getattr(g, what)} != snapshot {getattr(w, what)}")
     return diffs
@@ -139,6 +144,11 @@ class HostStateExecutor:
                 raise StateError(f"sysctl {name} does not exist on kernel {os.uname().release}",
                                  field=f"state.sysctls.{name}")
         for dev, ifstate in state.interfaces.items():
+            if ifstate.mtu is not None:
+                _, lo, hi = read_link(dev)
+                if not lo <= ifstate.mtu <= hi:
+                    raise StateError(f"{dev} takes an MTU of {lo}..{hi}, not {ifstate.mtu}",
+                                     field=f"state.interfaces.{dev}.mtu")
             try:
                 chain_argv(dev, list(ifstate.qdiscs))   # pure: a leaf with a child, a kind without a builder
             except ChainError as exc:
@@ -147,6 +157,8 @@ class HostStateExecutor:
                 if not allowlist.module_allowed(module, self.modules):
                     raise NotAllowed(allowlist.module_refusal(module, self.modules),
                                      field=f"state.interfaces.{dev}.qdiscs")
+            if ifstate.quickack is not None:   # every route restatable, before anything is written
+                routes.quickack_changes(dev, routes.read_routes(dev), ifstate.quickack)
 
     def apply(self, state: HostState) -> Readback:
         self.check_allowed(state)
@@ -205,11 +217,14 @@ class HostStateExecutor:
                 write_module_param(module, param, value)   # names the module and parameter if missing
 
     def _apply_interface(self, dev: str, ifstate: InterfaceState) -> None:
+        self._apply_mtu(dev, ifstate.mtu)
         self._apply_offloads(dev, ifstate.offloads)
         self._apply_coalesce(dev, ifstate.coalesce)
         self._apply_pause(dev, ifstate.pause)
         for addr, lladdr in ifstate.neighbours.items():
             self._run(neighbours.replace_argv(dev, addr, lladdr), f"state.interfaces.{dev}.neighbours.{addr}")
+        if ifstate.quickack is not None:
+            routes.set_quickack(dev, ifstate.quickack)
         self._reset_root(dev)
         for module in qdisc_modules(ifstate):
             self._load(module, {})
@@ -225,6 +240,10 @@ class HostStateExecutor:
             except (OSError, ValueError) as exc:   # pyroute2's NetlinkError is an OSError: the kernel's errno
                 raise StateError(f"{dev}: {step.kind} qdisc {step.handle} refused by the kernel: {exc}",
                                  field=f"state.interfaces.{dev}.qdiscs") from exc
+
+    def _apply_mtu(self, dev: str, mtu: int | None) -> None:
+        if mtu is not None and read_link(dev)[0] != mtu:
+            self._run(linkinfo.mtu_argv(dev, mtu), f"state.interfaces.{dev}.mtu")
 
     def _apply_offloads(self, dev: str, wanted: dict[str, bool]) -> None:
         feats = read_features(dev)
@@ -308,6 +327,8 @@ class HostStateExecutor:
 
     def _reset_interface(self, dev: str, snap: InterfaceSnapshot) -> None:
         self._reset_root(dev)
+        self._apply_mtu(dev, snap.mtu)
+        routes.set_quickack(dev, snap.quickack)
         self._apply_offloads(dev, snap.features)
         if snap.coalesce is not None:
             self._apply_coalesce(dev, snap.coalesce)

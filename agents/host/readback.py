@@ -11,11 +11,12 @@ import re
 
 from pyroute2 import IPRoute
 
-from agents.host import ethtool, neighbours
+from agents.host import ethtool, linkinfo, neighbours, routes
 from agents.host.argv import readback_argv, tc_handle
 from agents.host.tunables import congestion_controls, module_param_path, read_module_param, read_sysctl, sysctl_path
 from schemas import procs, rawqdisc
-from schemas.protocol import InterfaceReadback, Readback
+from schemas.nic import OFFLOAD_LONG_NAMES
+from schemas.protocol import InterfaceReadback, LinkSpeed, Readback
 from schemas.qdiscs import KINDS
 
 # TCA_KIND of the kinds stock tc cannot print: read back over netlink
@@ -80,20 +81,43 @@ def read_features(dev: str) -> dict[str, dict]:
     return {k: v for k, v in out[0].items() if isinstance(v, dict)}
 
 
+def read_link(dev: str) -> tuple[int, int, int]:
+    """(mtu, min_mtu, max_mtu) of `dev`."""
+    return linkinfo.parse_link(procs.run(linkinfo.link_argv(dev)).stdout)
+
+
+def read_speed(dev: str, driver: str) -> LinkSpeed:
+    done = procs.run(["ethtool", dev], check=False)
+    return linkinfo.link_speed(done.stdout, driver)
+
+
+def read_fixed_offloads(dev: str) -> dict[str, bool]:
+    """The features the driver fixed; from `--json -k`'s own `fixed` marks when the text (which also shows
+    the features made of fixed parts) is in a form this agent does not know (another ethtool version)."""
+    try:
+        return linkinfo.fixed_offloads(procs.run(["ethtool", "-k", dev]).stdout)
+    except linkinfo.LinkParseError:
+        feats = read_features(dev)
+        return {short: bool(feats[long]["active"]) for short, long in OFFLOAD_LONG_NAMES.items()
+                if long in feats and feats[long].get("fixed")}
+
+
 def read_interface(dev: str) -> InterfaceReadback:
     argv = readback_argv(dev)
     qdiscs = read_qdiscs(dev)
     coalesce, no_coalesce = read_coalesce(dev)
     pause, no_pause = read_pause(dev)
+    driver = read_driver(dev)
     unsupported = {op: why for op, why in (("coalesce", no_coalesce), ("pause", no_pause)) if why}
     return InterfaceReadback(
         tc_qdisc=qdiscs,
         tc_class_text=procs.run(argv["tc_class_text"]).stdout,
         htb_classes=read_htb_classes(dev),
         features=read_features(dev),
-        driver=read_driver(dev),
+        driver=driver, mtu=read_link(dev)[0], speed=read_speed(dev, driver),
         coalesce=coalesce, pause=pause, unsupported=unsupported,
         neighbours=read_neighbours(dev),
+        routes=routes.read_routes(dev),
         raw_qdiscs=raw_readback(rawqdisc.dump(dev, RAW_KINDS)) if any(q.get("kind") in RAW_KINDS for q in qdiscs)
         else [],
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from orchestrator.engine import ack_policy
 from orchestrator.engine.appbind import app_flow_tasks
 from orchestrator.guards.cpu import kernel_groups
 from orchestrator.inventory import Inventory
@@ -35,11 +36,13 @@ def host_states(spec: RunSpec, inv: Inventory) -> dict[str, HostState]:
             raise BindError(f"run {spec.run_id}: plan role {role!r} has no host in the inventory")
         entry = inv.hosts[role]
         chains = {entry.iface_toward(toward): list(chain) for toward, chain in hp.qdiscs.items()}
-        ifaces = {name: InterfaceState(offloads=dict(hp.offloads), coalesce=dict(hp.coalesce), pause=dict(hp.pause),
-                                       qdiscs=chains.get(name, []),
-                                       neighbours=peer_neighbours(inv, role, name) if hp.static_neighbours else {})
+        ifaces = {name: InterfaceState(mtu=spec.mtu, offloads=dict(hp.offloads), coalesce=dict(hp.coalesce),
+                                       pause=dict(hp.pause), qdiscs=chains.get(name, []),
+                                       neighbours=peer_neighbours(inv, role, name) if hp.static_neighbours else {},
+                                       quickack=ack_policy.receiver_quickack(spec, role))
                   for name in entry.interfaces}
-        out[role] = HostState(sysctls=dict(hp.sysctls), module_params=dict(hp.module_params), interfaces=ifaces,
+        sysctls = {**ack_policy.receiver_sysctls(spec, role), **hp.sysctls}
+        out[role] = HostState(sysctls=sysctls, module_params=dict(hp.module_params), interfaces=ifaces,
                               flush_tcp_metrics=hp.flush_tcp_metrics)
     return out
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.engine import verify
+from orchestrator.engine import hostchecks, verify
 from orchestrator.guards import pre_run
 from orchestrator.inventory import Inventory
 from orchestrator.plan import RunSpec
@@ -44,6 +44,7 @@ def check_run(spec: RunSpec, caps: dict[str, protocol.Capabilities], inv: Invent
     missing = {role for role in spec.hosts if role not in inv.hosts}
     reasons += [p for p in verify.capability_problems(spec, caps) if not any(
         p == f"host {role}: not in the testbed" for role in missing)]
+    reasons += hostchecks.line_rate_problems(spec, caps, inv)
     reasons += [f"guard {f}" for f in pre_run.refusing(spec)]
     return Refused(spec, tuple(reasons)) if reasons else Runnable(spec)
 

@@ -23,7 +23,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from orchestrator.agent_client import AgentClient, AgentError, AgentUnreachable
-from orchestrator.engine import bind, capcache, marker, preflight, verify
+from orchestrator.engine import bind, capcache, hostchecks, marker, preflight, verify
 from orchestrator.engine.appbind import app_start_lead_ns
 from orchestrator.guards.finalise import RunOutcome, finalise_run
 from orchestrator.ingest.assemble import sender_ports
@@ -214,6 +214,7 @@ class RunEngine:
                 evidence.append({"host": role, "phase": "apply", "data": res.readback.model_dump(mode="json")})
                 diffs += [f"{role}: {d}" for d in verify.readback_differences(states[role], res.readback)]
                 flags += verify.nic_flags(role, states[role], res.readback)
+            flags += hostchecks.line_rate_flags(spec, self.caps, self.inv)
             if diffs:
                 raise RunFailed("read-back differs from the plan:\n  " + "\n  ".join(diffs))
             for role, client in self.clients.items():

@@ -5,6 +5,7 @@ parameter is compared with what the kernel reports, and each mismatch is named.
 """
 from __future__ import annotations
 
+from orchestrator.engine import ack_policy, hostchecks
 from orchestrator.plan import RunSpec
 from orchestrator.plan.model.kernels import release_matches
 from schemas import allowlist, protocol
@@ -119,7 +120,9 @@ def readback_differences(desired: HostState, rb: protocol.Readback) -> list[str]
             if bool(feat.get("active")) != on:
                 diffs.append(f"{dev} offload {short}: {'on' if feat.get('active') else 'off'} != "
                              f"{'on' if on else 'off'}")
+        diffs += hostchecks.mtu_differences(dev, ifstate, irb)
         diffs += nic_differences(dev, ifstate, irb)
+        diffs += ack_policy.quickack_differences(dev, ifstate, irb)
         for i, stage in enumerate(ifstate.qdiscs):
             diffs += stage_differences(dev, i, stage, irb)
         planned = {f"{i + 1}:" for i in range(len(ifstate.qdiscs))}
@@ -161,6 +164,7 @@ def capability_problems(spec: RunSpec, caps: dict[str, protocol.Capabilities]) -
             problems.append(f"host {f.src} (kernel {c.kernel_release}) lacks congestion control {f.cc} "
                             f"(available: {' '.join(c.congestion_controls)}){hint}")
     problems += nic_problems(spec, caps)
+    problems += hostchecks.host_state_problems(spec, caps)
     problems += allowlist_problems(spec, caps)
     problems += unsupported_features(spec, caps)
     sender_needs = [  # (asked for, the sender has it, what it lacks)
@@ -222,7 +226,7 @@ def nic_problems(spec: RunSpec, caps: dict[str, protocol.Capabilities]) -> list[
 
 def unsupported_features(spec: RunSpec, caps: dict[str, protocol.Capabilities]) -> list[str]:
     """Plan features the agents cannot put in place yet: refused before any host is touched, never skipped."""
-    out = []
+    out = hostchecks.unsupported_host_state(spec)
     for role, hp in spec.hosts.items():
         release = caps[role].kernel_release if role in caps else "?"
         if hp.kernel is not None and hp.kernel.release is None:
@@ -230,8 +234,7 @@ def unsupported_features(spec: RunSpec, caps: dict[str, protocol.Capabilities]) 
                        f"is known once built: `tcplab kernel build PLAN {hp.kernel.name}` builds it (docs/kernels.md); "
                        "installing it on a host is not automated yet: install its package and give the plan's "
                        "`release`")
-    if spec.ack_policy is not None and spec.ack_policy.mechanism != "stock":
-        out.append(f"ack_policy mechanism {spec.ack_policy.mechanism} is not applied by this agent version")
+    out += ack_policy.refusals(spec, caps)
     for e in spec.events:
         out.append(f"host {e.link.host}: event {e.action} at {e.at_s:g}s is not executed by this agent version")
     return out

@@ -15,7 +15,7 @@ from pathlib import Path
 from sqlalchemy import Engine
 
 from analysis.metrics.windows import analysis_window
-from orchestrator.guards import clock, cpu, ecn, pre_run, qdisc, ss
+from orchestrator.guards import ack, clock, cpu, ecn, pre_run, qdisc, ss
 from orchestrator.ingest.assemble import assemble, cpu_samples
 from orchestrator.ingest.record import RunRecord
 from orchestrator.plan import RunSpec
@@ -91,6 +91,13 @@ def measured_guards(spec: RunSpec, ingest: RunIngest) -> list[Flag]:
     return flags
 
 
+def ack_tally(spec: RunSpec, ingest: RunIngest, t0_ns: int | None) -> tuple[ack.AckTally, ...]:
+    """The G-ACK fold when the run states an ACK policy (without captures it finds no point: flagged)."""
+    if spec.ack_policy is None or t0_ns is None:
+        return ()
+    return (ack.AckTally(spec, ingest.flows, t0_ns, measurement_window(spec, t0_ns)),)
+
+
 def finalise_run(db: Engine, run_dir: Path, record: RunRecord) -> RunOutcome:
     """Parse, judge and write one run; returns its outcome. A run whose artifacts a parser refuses is
     stored as failed with the reason (its artifacts stay on disk for `tcplab ingest` once fixed)."""
@@ -108,10 +115,11 @@ def finalise_run(db: Engine, run_dir: Path, record: RunRecord) -> RunOutcome:
             run["error"] = f"ingest: {exc} (artifacts kept: `tcplab ingest {run_dir}` once fixed)"
             run["status"] = "failed"
             log.error("run not ingested run=%s error=%s", record.run_id, run["error"])
-    observers: tuple[ecn.EcnTally, ...] = ()
+    observers: tuple = ()
     if ingest is not None:
         flags += measured_guards(spec, ingest)
         observers = (ecn.EcnTally(spec, ingest.flows),) if ecn.wants_ecn(spec) and ingest.packets else ()
+        observers += ack_tally(spec, ingest, run.get("t0_ns"))
     run["flags"] = [f.stored() for f in unique(flags)]
     if ingest is None:
         ingest = RunIngest(run=run, plan=record.plan, flows=record.flows, evidence=evidence)

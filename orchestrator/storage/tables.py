@@ -86,6 +86,7 @@ flow = Table(
     Column("start_s", Float, nullable=False),
     Column("duration_s", Float, nullable=False),
     Column("tool", String(32), nullable=False),
+    Column("ack_ratio", Float, nullable=True),             # M-ACKRATIO: data segments per pure ACK (G-ACK)
 )
 
 artifact = Table(
@@ -120,6 +121,9 @@ run_host = Table(
     Column("release", String(128), nullable=True),         # uname -r reported at hello
     Column("boot_id", String(36), nullable=True),          # /proc/sys/kernel/random/boot_id at hello
     Column("installed_build_key", String(64), nullable=True),  # what kernel-install.yml recorded on the host
+    Column("os_system", String(32), nullable=True),        # the agent's OS at hello: Linux (G-HETERO)
+    Column("os_id", String(64), nullable=True),            # /etc/os-release ID: debian
+    Column("os_version_id", String(64), nullable=True),    # /etc/os-release VERSION_ID: 12
 )
 
 capture_point = Table(

@@ -144,6 +144,18 @@ def _final_flags(ingest: RunIngest) -> list[Any]:
     return flags + [f for o in ingest.packet_observers for f in o.flags() if f not in flags]
 
 
+def _final_rows(ingest: RunIngest, attr: str) -> list[dict[str, Any]]:
+    """A child table's rows; the flow rows with the values the observers measured per flow (M-ACKRATIO)."""
+    rows = list(getattr(ingest, attr))
+    if attr != "flows":
+        return rows
+    values: dict[int, dict[str, Any]] = {}
+    for o in ingest.packet_observers:
+        for flow_id, v in getattr(o, "flow_values", dict)().items():
+            values.setdefault(flow_id, {}).update(v)
+    return [{**r, **values.get(r["flow_id"], {})} for r in rows]
+
+
 def write_run(engine: Engine, ingest: RunIngest) -> IngestCounts:
     """Write one run in a single transaction, replacing any earlier ingest of the same run_id.
 
@@ -182,7 +194,7 @@ def write_run(engine: Engine, ingest: RunIngest) -> IngestCounts:
             conn.execute(tables.run.insert(), {**ingest.run, "flags": _final_flags(ingest), "run_key": key})
         counts["run"] = 1
         for attr, table in CHILD_TABLES:
-            rows = [_full_row(table, row, run_id) for row in getattr(ingest, attr)]
+            rows = [_full_row(table, row, run_id) for row in _final_rows(ingest, attr)]
             if rows:
                 with _step(attr):
                     conn.execute(table.insert(), rows)

@@ -104,9 +104,11 @@ def test_a_patched_build_boots_in_a_guest_and_sends_a_first_flight_of_16(tmp_pat
         server = subprocess.Popen(["ip", "netns", "exec", client_ns, sys.executable, "-c", RECEIVER, client_addr])
         pcap = tmp_path / "client.pcap"
         dump = subprocess.Popen(["ip", "netns", "exec", client_ns, "tcpdump", "-i", "to-aqm", "-s", "96", "-w",
-                                 str(pcap), "-U", "tcp"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                 str(pcap), "-U", "tcp"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
-            time.sleep(1.5)
+            # a fixed sleep once lost the whole flight on a loaded CI machine: wait for tcpdump to say it listens
+            banner = dump.stderr.readline()
+            assert "listening on" in banner, banner
             run = vm.guest_exec([sys.executable, "-c", SENDER, client_addr], state_dir, role="server")
             assert run.returncode == 0, run.stdout + run.stderr
             server.wait(timeout=30)

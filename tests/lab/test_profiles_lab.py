@@ -32,7 +32,7 @@ from tests.support.shipped import PROFILE_DIR, STUDY_PLANS
 # what a refusal may name: a kernel the host does not run or that is not built yet, or a mechanism (qdisc,
 # congestion control, tracepoint, agent feature) the host's kernel or agent lacks
 KERNEL = re.compile(r"host \w+ runs kernel \S+, the plan needs variant \S+|variant \S+ is a source build")
-MECHANISM = re.compile(r"lacks (qdisc|congestion control|tracepoint) \S+|needs the app-limited writer|"
+MECHANISM = re.compile(r"lacks (qdisc|congestion control|tracepoint|sysctl) \S+|needs the app-limited writer|"
                        r"ack_policy mechanism \w+ is not applied|event \w+ at \S+ is not executed")
 TOPOLOGY = re.compile(r"not in the (inventory|testbed)|topology|no interface toward", re.I)
 

@@ -113,7 +113,8 @@ def test_run_host_rows_join_the_plan_variant_with_what_each_host_reported():
 
     spec = expand(load_plan(REPO / "experiments" / "vm" / "dctcp.yaml"))[0]
     hello = {"kernel_release": "6.1.0-50-amd64", "boot_id": "7c1e", "kernel_build": {"release": "6.1.0-50-amd64",
-                                                                                    "variant": "v", "build_key": "k1"}}
+                                                                                    "variant": "v", "build_key": "k1"},
+             "os": {"system": "Linux", "id": "debian", "version_id": "12", "pretty": "Debian GNU/Linux 12"}}
     rows = host_rows(spec, [{"host": "aqm", "phase": "hello", "data": {"capabilities": hello}},
                             {"host": "aqm", "phase": "apply", "data": {}}])
     by_host = {r["host"]: r for r in rows}
@@ -122,4 +123,6 @@ def test_run_host_rows_join_the_plan_variant_with_what_each_host_reported():
     kernel = spec.hosts["aqm"].kernel
     assert (aqm["variant"], aqm["release"], aqm["boot_id"], aqm["installed_build_key"]) == \
         (kernel.name if kernel else None, "6.1.0-50-amd64", "7c1e", "k1")
+    assert (aqm["os_system"], aqm["os_id"], aqm["os_version_id"]) == ("Linux", "debian", "12")
+    assert by_host["client"]["os_system"] is None     # nor its OS
     assert by_host["client"]["release"] is None       # no hello recorded for it

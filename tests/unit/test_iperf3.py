@@ -127,3 +127,16 @@ def test_a_client_that_never_connected_fails_its_task(tmp_path):
     asyncio.run(runner.run())
     assert runner.state == "failed"
     assert runner.detail.endswith(f"iperf3 -c 127.0.0.1 -p {port}: unable to connect to server: Connection refused")
+
+
+def test_a_refused_connection_is_retried_only_early_and_only_before_sending() -> None:
+    """Literal output of iperf3 3.12 -J in a TCG guest whose server was not listening yet at the flow's start
+    (LS-AIMD 3B on the VM lab, 8 servers starting together)."""
+    from agents.tasks import CONNECT_GRACE_NS, iperf3_json_error, retry_connect
+
+    error, sent = iperf3_json_error((FIX.parent / "iperf3" / "client-refused-tcg.json").read_bytes())
+    assert error == "unable to connect to server: Connection refused" and not sent
+    assert retry_connect(error, sent, 200_000_000)
+    assert not retry_connect(error, sent, CONNECT_GRACE_NS)          # too late: the run fails naming it
+    assert not retry_connect(error, True, 200_000_000)               # it sent: a remark, not a second flow
+    assert not retry_connect("unable to connect to server: No route to host", False, 0)

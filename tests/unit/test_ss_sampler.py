@@ -108,8 +108,27 @@ def test_real_poll_loop_is_bounded_by_stop_and_parses(tmp_path: Path) -> None:
 
 
 def test_an_overrun_past_the_end_counts_only_slots_before_it() -> None:
-    from agents.samplers import skipped_before
+    from agents.taskbase import skipped_before
 
     assert skipped_before(100, 3, 50, 1_000) == 3          # all three slots were due
     assert skipped_before(900, 5, 50, 1_000) == 2          # 900 and 950; 1000.. were never due
     assert skipped_before(1_000, 2, 50, 1_000) == 0
+
+
+def test_a_poller_behind_its_beat_skips_slots_and_still_stops_on_time() -> None:
+    from agents.taskbase import missed_remark, next_beat
+
+    # on time: the next slot, nothing missed
+    assert next_beat(1_000, 1_200, 1_000, 10_000) == (2_000, 0)
+    # a poll that took 3.5 slots: the slots it overran are skipped and counted
+    assert next_beat(1_000, 4_500, 1_000, 10_000) == (5_000, 3)
+    # a 1 ms beat whose every poll takes 5 ms polls every 6th slot (the first free one after it) and ends
+    # with the sampling, not five times too late
+    slot, polls, missed, now = 0, 0, 0, 0
+    while slot < 1_000_000_000:
+        polls, now = polls + 1, max(now, slot) + 5_000_000
+        slot, overran = next_beat(slot, now, 1_000_000, 1_000_000_000)
+        missed += overran
+    assert now <= 1_005_000_000 and polls == 167 and polls + missed == 1_000
+    assert "polled 167 of 1000 slots of 1 ms" in missed_remark(polls, missed, 1)
+    assert missed_remark(99, 1, 1) == ""          # within 5 %: no remark

@@ -150,6 +150,7 @@ def merged_host_section(hosts: dict[str, HostSection], role: str) -> HostSection
                         coalesce={**base.coalesce, **own.coalesce}, pause={**base.pause, **own.pause},
                         flush_tcp_metrics=pick("flush_tcp_metrics"), static_neighbours=pick("static_neighbours"),
                         qdiscs={**base.qdiscs, **own.qdiscs}, kernel=own.kernel or base.kernel,
+                        os=pick("os"),
                         module_params=modules)
 
 
@@ -172,7 +173,7 @@ def host_specs(t: RunTemplate, roles: list[str], kernels: dict[str, KernelVarian
                              sysctls=dict(s.sysctls), offloads=dict(s.offloads), coalesce=dict(s.coalesce),
                              pause=dict(s.pause), qdiscs=chains,
                              flush_tcp_metrics=s.flush_tcp_metrics is not False,
-                             static_neighbours=s.static_neighbours is not False)
+                             static_neighbours=s.static_neighbours is not False, os=s.os)
     return out
 
 

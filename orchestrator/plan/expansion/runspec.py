@@ -64,6 +64,15 @@ class HostSpec(_Strict):
         default_factory=dict, description="toward-role -> qdisc chain on that interface")
     flush_tcp_metrics: bool = True
     static_neighbours: bool = True
+    os: Literal["linux", "freebsd"] | None = Field(default=None, description="the operating system the plan "
+                                                   "names for the host (None: any, left out of the JSON)")
+
+    @model_serializer(mode="wrap")
+    def _os_if_named(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out = handler(self)
+        if out.get("os", "") is None:
+            del out["os"]
+        return out
 
 
 class FlowSpec(_Strict):
@@ -238,6 +247,11 @@ class RunSpec(_Strict):
                                        "(left out of the JSON without one)")
     substitutions: list[Substitution] = Field(default_factory=list, description="every change the profile made "
                                               "to this run (left out of the JSON when none)")
+
+    @property
+    def mtu(self) -> int:
+        """The run's MTU: the wire frame less its Ethernet header (the expansion always derives the frame)."""
+        return (self.derived.wire_frame_bytes or 1514) - 14
 
     @property
     def senders(self) -> list[str]:

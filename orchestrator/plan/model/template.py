@@ -40,6 +40,7 @@ CoalesceName = Literal["rx-usecs", "rx-frames", "rx-usecs-irq", "rx-frames-irq",
                        "rx-usecs-low", "rx-frames-low", "tx-usecs-low", "tx-frames-low", "rx-usecs-high",
                        "rx-frames-high", "tx-usecs-high", "tx-frames-high"]
 PauseName = Literal["autoneg", "rx", "tx"]
+HostOSName = Literal["linux", "freebsd"]
 ALL_HOSTS = "all"
 GuardId = Literal["G-NETEM", "G-HTB", "G-OFFLOAD", "G-SOCKBUF", "G-TSQ"]
 
@@ -83,7 +84,8 @@ class Bottleneck(Strict):
         None, "queue delay the AQM aims for; the per-flow window uses base_rtt + target (default: the "
         "AQM's lower threshold, e.g. RED min or the step K, or its target)", "500us")
     line_rate: Rate | None = _f(None, "speed of the interface: the rate netem sees before the shaper "
-                                "(sizes the netem limit)", "1gbit")
+                                "(sizes the netem limit); checked against the speed the NIC reports, where a "
+                                "physical NIC reports one (G-NIC)", "1gbit")
     netem_limit: int | None = _f(None, "netem limit in packets; default derived (1.5 x line rate x delay / "
                                  "MTU + the leaf's buffer in packets)", 1000, unit="packets", gt=0,
                                  le=10_000_000)
@@ -94,7 +96,7 @@ class HostSection(Strict):
     expansion merges `all` with each role's own section into that role's `HostSpec`."""
 
     # added after plans had results: out of the run hash while at their default (see RunTemplate)
-    HASH_SKIP_IF_DEFAULT: ClassVar[frozenset[str]] = frozenset({"coalesce", "pause", "static_neighbours"})
+    HASH_SKIP_IF_DEFAULT: ClassVar[frozenset[str]] = frozenset({"coalesce", "pause", "static_neighbours", "os"})
 
     sysctls: dict[SysctlName, SysctlValue] = _f(
         {}, "sysctl name -> value; note that net.core.* is not writable inside a network namespace",
@@ -112,6 +114,10 @@ class HostSection(Strict):
         {"autoneg": False, "rx": False, "tx": False})
     static_neighbours: bool | None = _f(
         None, "make every data-path peer a `nud permanent` neighbour before the run (G-ARP; default on)", True)
+    os: HostOSName | None = _f(
+        None, "operating system the host must run (its agent reports it at hello, G-HETERO); default: whatever it "
+        "runs, recorded. The agent's mechanisms (tc, ethtool, tracefs, netlink) are Linux-only: a plan naming "
+        "freebsd is refused", "linux")
     kernel: VariantName | None = _f(
         None, "kernel variant the host must run (a key of the plan's `kernels`); default: whatever it runs, "
         "recorded", "vanilla-5.0.0")
@@ -162,7 +168,8 @@ class RunTemplate(Strict):
     base_rtt: PositiveTime | None = _f(
         None, "base RTT of the path, stated by the plan (used for BDP and per-flow windows; the netns "
         "lab has no delay emulation)", "300us")
-    mtu: Size = _f(1500, "MTU of the data path (frame on the wire = mtu + 14)", 1500,
+    mtu: Size = _f(1500, "MTU of the data path (frame on the wire = mtu + 14), set on every data interface of "
+                   "every host and read back", 1500,
                    validate_default=True)
     bottleneck: Bottleneck | None = _f(None, "the shaped bottleneck link", {
         "at": {"host": "aqm", "toward": "client"}, "rate": "20mbit",

@@ -2,7 +2,7 @@
 receiver side, the sink's read and the application-layer latencies (M-APPLAT, M-APPREAD; docs/ingest.md).
 
 Revision ID: 0010
-Revises: 0008
+Revises: 0012
 Create Date: 2026-11-25
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0010"
-down_revision: str | None = "0008"
+down_revision: str | None = "0012"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
