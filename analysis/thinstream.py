@@ -19,7 +19,7 @@ from orchestrator.storage import tables
 SKIPPED = -2            # agents/appwriter.py: the instant was reached more than half an interval late
 LATE_FRACTION = 0.04    # a write made more than max(LATE_MIN_NS, 4 % of the interval) after its instant is late
 LATE_MIN_NS = 1_000_000
-APP_COLUMNS = ("flow_id", "write_index", "sched_ns", "t_ns", "offset", "len", "accepted", "arrivals",
+APP_COLUMNS = ("flow_id", "write_index", "sched_ns", "t_ns", "stream_offset", "len", "accepted", "arrivals",
                "latency_ns", "read_latency_ns")
 APP_DTYPE = np.dtype([(n, "i8") for n in APP_COLUMNS[:-2]] + [("latency_ns", "f8"), ("read_latency_ns", "f8")])
 

@@ -92,8 +92,9 @@ def app_writes(writes: np.ndarray, data: np.ndarray, isn: int | None, reads: np.
     n = writes.size
     out = np.zeros(n, dtype=records.APP_WRITE)
     out["write_index"] = np.arange(n, dtype=np.int32)
-    for name in ("sched_ns", "t_ns", "offset", "len", "accepted"):
+    for name in ("sched_ns", "t_ns", "len", "accepted"):
         out[name] = writes[name]
+    out["stream_offset"] = writes["offset"]
     for name in records.APP_WRITE_NULLABLE:
         out[name] = NONE
     sent = np.flatnonzero(writes["accepted"] > 0)           # offsets of these strictly increase

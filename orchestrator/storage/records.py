@@ -106,7 +106,7 @@ def null_masks(arr: np.ndarray, fields: tuple[str, ...]) -> dict[str, np.ndarray
 APP_WRITE = np.dtype([
     ("write_index", "i4"),
     ("sched_ns", "i8"), ("t_ns", "i8"),    # the scheduled instant; CLOCK_REALTIME just before send()
-    ("offset", "i8"), ("len", "i4"),      # stream offset of the write's first byte; bytes asked
+    ("stream_offset", "i8"), ("len", "i4"),   # stream offset of the write's first byte; bytes asked
     ("accepted", "i4"),                    # bytes the socket took; -1 send failed, -2 instant skipped (late)
     ("arrive_ns", "i8"),                   # first arrival of the write's first byte at the receiver side
     ("arrivals", "i4"),                    # captured packets that carried that byte (> 1: it came again;

@@ -119,7 +119,7 @@ def test_the_arrival_is_a_captured_packet_holding_the_write(thin_db):
     data = pkts[pkts[:, 2] > 0]
     assert np.median(data[:, 2]) == 50                         # TCP_NODELAY: one 50 B segment per write
     with engine.connect() as conn:
-        writes = conn.execute(text("SELECT arrive_ns, \"offset\" FROM app_write WHERE run_id = :r AND arrivals > 0"),
+        writes = conn.execute(text("SELECT arrive_ns, stream_offset FROM app_write WHERE run_id = :r AND arrivals > 0"),
                               {"r": run_id}).all()
     by_ts = {int(t): (int(s), int(n)) for t, s, n in data[:, :3]}
     assert len(writes) >= 90

@@ -189,7 +189,7 @@ def test_latency_on_a_real_capture_with_wrap_around_and_losses() -> None:
     pkt = carried[carried["ts_ns"] == rows["arrive_ns"][5]][0]
     assert pkt["seq"] == FIRST_SEQ + 250 and pkt["payload_len"] == 100
     # the write whose bytes straddle the wrap (offset 950..999, sequence 2^32 - 50 .. 2^32 - 1) is found
-    assert rows["offset"][19] == 950 and lat_ms[19] < 1
+    assert rows["stream_offset"][19] == 950 and lat_ms[19] < 1
     # with the SYN's ISN given wrongly by one write, every write maps to its successor's arrival
     shifted = applat.app_writes(log.rows, data, isn - 50, None, (0, 0, 0))
     assert shifted["arrive_ns"][6] == rows["arrive_ns"][5]

@@ -26,7 +26,7 @@ def upgrade() -> None:
         sa.Column("write_index", sa.Integer, nullable=False),
         sa.Column("sched_ns", sa.BigInteger, nullable=False),
         sa.Column("t_ns", sa.BigInteger, nullable=False),
-        sa.Column("offset", sa.BigInteger, nullable=False),
+        sa.Column("stream_offset", sa.BigInteger, nullable=False),
         sa.Column("len", sa.Integer, nullable=False),
         sa.Column("accepted", sa.Integer, nullable=False),
         sa.Column("arrive_ns", sa.BigInteger, nullable=True),
