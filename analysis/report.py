@@ -38,6 +38,7 @@ from analysis.tables import (
     series_tables,
     utilisation_table,
 )
+from analysis.thinstream import ThinStreamStats, latency_curves, run_thin_streams, thin_stream_table
 
 DEFAULT_BIN_NS = 100_000_000   # 100 ms: the timer-based default of M-TPUT
 MAX_RUN_PANELS = 24
@@ -179,9 +180,9 @@ def timing_section(kernel_cost: Table | None, timing_runs: Sequence[str]) -> str
 
 def build_report(results: Sequence[RunAnalysis], series: Sequence[RunSeries], title: str = "tcplab report",
                  bin_ns: int = DEFAULT_BIN_NS, generated: str | None = None, kernel_cost: Table | None = None,
-                 timing_runs: Sequence[str] = ()) -> tuple[str, list[Table]]:
+                 timing_runs: Sequence[str] = (), thin: Sequence[ThinStreamStats] = ()) -> tuple[str, list[Table]]:
     """(page HTML, tables to write). Pure apart from the clock when `generated` is not given. `timing_runs`
-    (G-PROBE) are not in `results`; `kernel_cost` is their cost table."""
+    (G-PROBE) are not in `results`; `kernel_cost` is their cost table; `thin`: the app-limited flows."""
     rows = [r.row for r in results]
     head = "".join(f"<th>{html.escape(c.header)}</th>" for c in COLUMNS)
     body = "\n".join(
@@ -191,6 +192,9 @@ def build_report(results: Sequence[RunAnalysis], series: Sequence[RunSeries], ti
     study = [*qdelay_tables(results), utilisation_table(results), convergence_table(results)]
     detail, flows = runs_table(results), flows_table(results)
     tables = [*study, detail, flows, *series_tables(results)] + ([kernel_cost] if kernel_cost is not None else [])
+    if thin:   # app-limited flows (M-APPLAT ...): their table among the result tables, their latency CDF
+        study.append(thin_stream_table(thin))
+        tables.append(study[-1])
 
     def link(t: Table) -> str:
         return f"{TABLES_DIR}/{t.name}.csv"
@@ -204,6 +208,10 @@ def build_report(results: Sequence[RunAnalysis], series: Sequence[RunSeries], ti
                                                    "aqm_dropped", "retransmissions", "fct_s", "gap_median_us",
                                                    "dctcp_alpha_mean", "convergence_s")), link(flows))
     figs = figures(results, series, bin_ns)
+    if thin:
+        figs.append(Figure("Application-layer latency CDF (app-limited flows, every write)",
+                           cdf_png(latency_curves(thin, arm_labels(results)), "write → first arrival (ms)",
+                                   "application-layer latency (M-APPLAT)"), "application-layer latency CDF"))
     plots = "\n".join(f"<h2>{html.escape(f.heading)}</h2>\n{_img(f.png, f.alt)}" for f in figs)
     if len(results) > MAX_RUN_PANELS:
         plots = (f'<p class="note">Per-run figures show the first {MAX_RUN_PANELS} of {len(results)} runs; '
@@ -263,6 +271,7 @@ def write_report(engine: Engine, out_dir: Path, run_ids: list[str] | None = None
     results: list[RunAnalysis] = []
     series: list[RunSeries] = []
     timing: list[str] = []
+    thin: list[ThinStreamStats] = []
     for data in iter_runs(engine, run_ids, detail=True):
         if is_timing_run(data.meta.flags):   # G-PROBE: no performance number from a run that traced the kernel
             timing.append(data.meta.run_id)
@@ -270,9 +279,10 @@ def write_report(engine: Engine, out_dir: Path, run_ids: list[str] | None = None
         result = analyse(data)
         results.append(result)
         series.append(run_series(data, result.row, bin_ns))
+        thin += run_thin_streams(engine, result.run_id, data.meta.spec)
     costs = load_costs(engine, timing)
     page, tables = build_report(results, series, title, bin_ns, kernel_cost=cost_table(costs) if timing else None,
-                                timing_runs=timing)
+                                timing_runs=timing, thin=thin)
     write_runs_csv([r.row for r in results], out_dir / "runs.csv")
     write_tables(tables, out_dir / TABLES_DIR)
     path = out_dir / "report.html"

@@ -16,3 +16,8 @@ MAX_COLLECT_WAIT_S = 600          # how long collect waits for tasks still runni
 # 5-digit port) must fit the kernel's one-page limit (4096 B, 120 ports); the paced-chirping FCT experiment
 # sends 100 flows from one host
 MAX_PORTS_PER_SAMPLER = 112
+# app-limited (thin-stream) writer: writes one flow makes (1 ms for an hour fits), the shortest interval the
+# writer's sleep-then-spin can keep, the largest single write
+MAX_APP_WRITES = 4_000_000
+MIN_APP_WRITE_INTERVAL_NS = 100_000
+MAX_APP_WRITE_BYTES = 1 << 20

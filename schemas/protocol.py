@@ -151,9 +151,43 @@ class EventTask(_TaskBase):
         return self
 
 
+class AppWriterTask(_TaskBase):
+    """The app-limited writer (agents/appwriter.py): connects to the sink, then writes `write_size` bytes at
+    each instant of its schedule from first_ns until end_ns, logging every write."""
+
+    kind: Literal["app_writer"] = "app_writer"
+    port: int = Field(ge=1024, le=65535)
+    dst_addr: IPAddress = Field(description="the sink's address")
+    cc: str = Field(pattern=r"^[a-z0-9_]{1,32}$")
+    nodelay: bool = Field(default=False, description="TCP_NODELAY")
+    write_size: int = Field(gt=0, le=limits.MAX_APP_WRITE_BYTES, description="bytes per write")
+    interval_ns: int = Field(ge=limits.MIN_APP_WRITE_INTERVAL_NS, description="(mean) time between writes")
+    dist: Literal["fixed", "exponential"] = Field(default="fixed", description="fixed or exponential gaps")
+    seed: int = Field(default=0, ge=0, lt=2**63, description="seed of the exponential gaps")
+    connect_ns: int = Field(description="absolute CLOCK_REALTIME to connect at (after the captures started)")
+    first_ns: int = Field(description="absolute CLOCK_REALTIME of the first write")
+    end_ns: int = Field(description="no write at or after this instant")
+
+    @model_validator(mode="after")
+    def _bounded(self) -> AppWriterTask:
+        if not self.start_ns <= self.connect_ns <= self.first_ns < self.end_ns:
+            raise ValueError("needs start_ns <= connect_ns <= first_ns < end_ns")
+        if self.end_ns - self.first_ns > limits.MAX_RUN_SECONDS * 10**9:
+            raise ValueError(f"writes for longer than {limits.MAX_RUN_SECONDS} s")
+        return self
+
+
+class AppSinkTask(_TaskBase):
+    """The app-limited flow's receiver: accepts one connection on `port`, reads until EOF or stop_ns."""
+
+    kind: Literal["app_sink"] = "app_sink"
+    port: int = Field(ge=1024, le=65535)
+    stop_ns: int
+
+
 Task = Annotated[
     Iperf3ServerTask | Iperf3ClientTask | CaptureTask | TcpProbeTask | QdiscStatsTask | SsSampleTask
-    | CpuLoadTask | KernelTraceTask | EventTask,
+    | CpuLoadTask | KernelTraceTask | EventTask | AppWriterTask | AppSinkTask,
     Field(discriminator="kind"),
 ]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.engine import ack_policy
+from orchestrator.engine.appbind import app_flow_tasks
 from orchestrator.engine.event_tasks import event_tasks
 from orchestrator.engine.ktrace import kernel_trace_task
 from orchestrator.guards.cpu import kernel_groups
@@ -91,6 +92,10 @@ def schedule_tasks(spec: RunSpec, inv: Inventory, tl: Timeline,
         tasks[role].append(protocol.CpuLoadTask(task_id="cpu-load", start_ns=tl.start_ns, stop_ns=tl.stop_ns,
                                                 interval_ms=CPU_LOAD_INTERVAL_MS))
     for f in spec.flows:
+        if f.tool == "app_limited":
+            for role, task in app_flow_tasks(spec, f, inv.hosts[f.dst].data_addr, tl):
+                tasks[role].append(task)
+            continue
         tasks[f.dst].append(protocol.Iperf3ServerTask(task_id=f"iperf3-server-{f.flow_id}",
                                                       start_ns=tl.start_ns, port=f.port))
         tasks[f.src].append(protocol.Iperf3ClientTask(

@@ -24,6 +24,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from orchestrator.agent_client import AgentClient, AgentError, AgentUnreachable
 from orchestrator.engine import bind, capcache, hostchecks, marker, preflight, verify
+from orchestrator.engine.appbind import app_start_lead_ns
 from orchestrator.guards.finalise import RunOutcome, finalise_run
 from orchestrator.ingest.assemble import sender_ports
 from orchestrator.ingest.record import RunRecord
@@ -219,7 +220,7 @@ class RunEngine:
             for role, client in self.clients.items():
                 offset, rtt = await client.clock_offset_ns()
                 evidence.append({"host": role, "phase": "clock", "data": {"offset_ns": offset, "rtt_ns": rtt}})
-            t0 = time.time_ns() + START_MARGIN_NS
+            t0 = time.time_ns() + START_MARGIN_NS + app_start_lead_ns(spec)
             tl = bind.timeline(spec, t0)
             boot_ids = {r: self.caps[r].boot_id for r in self.inv.hosts}
             tasks = bind.schedule_tasks(spec, self.inv, tl, boot_ids)

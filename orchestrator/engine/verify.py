@@ -234,13 +234,8 @@ def unsupported_features(spec: RunSpec, caps: dict[str, protocol.Capabilities]) 
         release = caps[role].kernel_release if role in caps else "?"
         if hp.kernel is not None and hp.kernel.release is None:
             out.append(f"host {role} (kernel {release}): variant {hp.kernel.name} is a source build whose release "
-                       f"is known once built: `tcplab kernel build PLAN {hp.kernel.name}` builds it (docs/kernels.md); "
-                       "installing it on a host is not automated yet: install its package and give the plan's "
-                       "`release`")
-    for f in spec.flows:
-        if f.tool == "app_limited":
-            out.append(f"host {f.src}: flow {f.flow_id} needs the app-limited writer, which this agent "
-                       "version does not have")
+                       f"is known once built: `tcplab kernel build PLAN {hp.kernel.name}` builds it and "
+                       f"`tcplab kernel install` puts it on the host (docs/kernels.md)")
     out += ack_policy.refusals(spec, caps)
     out += event_problems(spec)   # events run (agents/events.py) when their chain has the stage they change
     out += kernel_trace_unsupported(spec.kernel_trace, caps)

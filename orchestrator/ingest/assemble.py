@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from orchestrator.ingest import qdelay
+from orchestrator.ingest.appflows import app_write_rows, writer_port
 from orchestrator.ingest.cpu import CpuSamples, parse_cpu
 from orchestrator.ingest.events import parse_event_record
 from orchestrator.ingest.hosts import host_rows
@@ -63,6 +64,7 @@ class _Capture:
     host: str
     interface: str
     path: Path
+    started_ns: int | None = None   # when tcpdump said it was listening (the capture host's clock)
 
 
 def _direction_chunks(cap: _Capture, src: np.void, dst: np.void, conns: ConnRegistry) -> Iterator[np.ndarray]:
@@ -132,7 +134,7 @@ def assemble(spec: RunSpec, record: RunRecord, run_dir: Path) -> RunIngest:
                 if kind == "pcap":
                     iface = meta.get("interface", "")
                     point = point_names.get((host, iface), f"{host}:{iface}")
-                    captures.append(_Capture(len(captures), point, host, iface, path))
+                    captures.append(_Capture(len(captures), point, host, iface, path, meta.get("started_ns")))
                     extra[point] = {"host": host, "interface": iface, **{k: meta.get(k) for k in CAPTURE_COUNTS}}
                 elif kind == "tcp_probe":
                     probes.append((host, parse_tcp_probe(path.read_text(), trace_offset_ns(meta))))
@@ -152,6 +154,10 @@ def assemble(spec: RunSpec, record: RunRecord, run_dir: Path) -> RunIngest:
                     iperf.append((port_to_flow[port], result.intervals))
             except ValueError as exc:  # a parser's format error names the line and why; add the file
                 raise ArtifactError(f"{host}/{info['name']}: {exc}") from exc
+    try:
+        app_writes = app_write_rows(spec, run_dir, captures, clock_offsets(record))
+    except ValueError as exc:   # names the host and file
+        raise ArtifactError(str(exc)) from exc
     conns = ConnRegistry()
     qd, pairs = paired_qdelay(spec, flow_rows, captures, conns)
     packets = [(c.label, PcapReader(c.path, c.point_id)) for c in captures]
@@ -159,13 +165,30 @@ def assemble(spec: RunSpec, record: RunRecord, run_dir: Path) -> RunIngest:
                      hosts=host_rows(spec, record.evidence), packets=packets, capture_points=extra, conns=conns,
                      events=events, qdelay=qd, qdelay_pairs=pairs,
                      tcp_probe=probes, qdisc_samples=qdisc, ss_samples=ss, iperf_intervals=iperf,
-                     kernel_trace=ktrace)
+                     kernel_trace=ktrace, app_writes=app_writes)
+
+
+def clock_offsets(record: RunRecord) -> dict[str, int]:
+    """host -> its clock offset from the manager (ns), measured before the run (G-CLOCK). Hosts on one kernel
+    (the same boot_id: the netns lab) share one clock: they get one offset, the median of their measurements,
+    so that measurement noise does not enter times subtracted across them."""
+    measured = {e["host"]: int(e["data"]["offset_ns"]) for e in record.evidence if e["phase"] == "clock"}
+    boot = {e["host"]: (e["data"].get("capabilities") or {}).get("boot_id") or e["host"]
+            for e in record.evidence if e["phase"] == "hello"}
+    groups: dict[str, list[int]] = {}
+    for host, off in measured.items():
+        groups.setdefault(boot.get(host, host), []).append(off)
+    return {host: int(np.median(groups[boot.get(host, host)])) for host in measured}
 
 
 def sender_ports(run_dir: Path, spec: RunSpec) -> dict[int, int | None]:
-    """flow_id -> the sender's local port of the data stream, from the iperf3 client JSON."""
+    """flow_id -> the sender's local port of the data stream, from the iperf3 client JSON (an app-limited
+    flow: its writer's log)."""
     out: dict[int, int | None] = {}
     for f in spec.flows:
+        if f.tool == "app_limited":
+            out[f.flow_id] = writer_port(run_dir, f)
+            continue
         path = run_dir / f.src / f"iperf3-client-{f.port}.json"
         streams = parse_iperf3(path.read_text()).streams if path.exists() else ()
         out[f.flow_id] = streams[0].sender_port if streams else None

@@ -113,3 +113,21 @@ KERNEL_TRACE = np.dtype([
     ("text", "U160"),
 ])
 KERNEL_TRACE_NULLABLE = ("duration_ns", "value")
+
+# One application write of an app-limited flow (orchestrator/ingest/applat.py), from the writer's log joined
+# with the receiver-side capture and the sink's log. Clocks: sched_ns, t_ns the writer's host; arrive_ns the
+# receiver-side capture's host; read_ns the sink's host; the latencies are in the manager's clock (each
+# host's clock offset removed). arrive_ns, read_ns and the latencies hold -1 where there is none (NULL).
+APP_WRITE = np.dtype([
+    ("write_index", "i4"),
+    ("sched_ns", "i8"), ("t_ns", "i8"),    # the scheduled instant; CLOCK_REALTIME just before send()
+    ("stream_offset", "i8"), ("len", "i4"),   # stream offset of the write's first byte; bytes asked
+    ("accepted", "i4"),                    # bytes the socket took; -1 send failed, -2 instant skipped (late)
+    ("arrive_ns", "i8"),                   # first arrival of the write's first byte at the receiver side
+    ("arrivals", "i4"),                    # captured packets that carried that byte (> 1: it came again;
+                                           # -1: made before the capture started and not seen)
+    ("read_ns", "i8"),                     # the sink's read that returned the write's last byte
+    ("latency_ns", "i8"),                  # M-APPLAT: arrive − t
+    ("read_latency_ns", "i8"),             # M-APPREAD: read − t
+])
+APP_WRITE_NULLABLE = ("arrive_ns", "read_ns", "latency_ns", "read_latency_ns")

@@ -70,6 +70,7 @@ class RunIngest:
     ss_samples: list[tuple[str, np.ndarray]] = field(default_factory=list)  # (host, SS_SAMPLE)
     iperf_intervals: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (flow_id, ..)
     kernel_trace: list[tuple[str, np.ndarray]] = field(default_factory=list)  # (host, KERNEL_TRACE)
+    app_writes: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (flow_id, APP_WRITE)
     packet_observers: tuple[PacketObserver, ...] = ()   # folds whose flags join the run row before it is written
 
 
@@ -94,6 +95,7 @@ class IngestCounts:
     ss_sample: int = 0
     iperf_interval: int = 0
     kernel_trace: int = 0
+    app_write: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -126,6 +128,13 @@ def _qdelay_nulls(arr: np.ndarray) -> dict[str, np.ndarray]:
     return {"ts_out_ns": dropped, "sojourn_ns": dropped}
 
 
+def _app_write_nulls(arr: np.ndarray) -> dict[str, np.ndarray]:
+    # a latency may be negative (clock offsets of two hosts): NULL follows the time it is taken from
+    none_arrived, none_read = arr["arrive_ns"] == -1, arr["read_ns"] == -1
+    return {"arrive_ns": none_arrived, "latency_ns": none_arrived, "read_ns": none_read,
+            "read_latency_ns": none_read}
+
+
 def _ss_nulls(arr: np.ndarray) -> dict[str, np.ndarray]:
     return records.null_masks(arr, records.SS_NULLABLE)
 
@@ -139,13 +148,14 @@ BULK_LAYOUTS = (
     BulkLayout("iperf_intervals", tables.iperf_interval, ("flow_id",), records.IPERF_INTERVAL),
     BulkLayout("kernel_trace", tables.kernel_trace, ("host",), records.KERNEL_TRACE,
                nulls=lambda arr: records.null_masks(arr, records.KERNEL_TRACE_NULLABLE)),
+    BulkLayout("app_writes", tables.app_write, ("flow_id",), records.APP_WRITE, nulls=_app_write_nulls),
 )
 
 CHILD_TABLES = (("flows", tables.flow), ("artifacts", tables.artifact), ("evidence", tables.host_evidence),
                  ("qdelay_pairs", tables.qdelay_pair), ("hosts", tables.run_host),
                 ("events", tables.run_event))
-TABLES_BY_RUN_ID = (tables.iperf_interval, tables.qdelay_pair, tables.capture_point, tables.host_evidence,
-              tables.run_host, tables.kernel_trace, tables.run_event,
+TABLES_BY_RUN_ID = (tables.iperf_interval, tables.app_write, tables.qdelay_pair, tables.capture_point,
+              tables.host_evidence, tables.run_host, tables.kernel_trace, tables.run_event,
               tables.artifact, tables.flow)
 
 

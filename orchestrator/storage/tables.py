@@ -320,6 +320,25 @@ kernel_trace = Table(
     Column("text", String(160), nullable=False),
 )
 
+# One row per application write of an app-limited flow (records.APP_WRITE; M-APPLAT, M-APPREAD)
+app_write = Table(
+    "app_write", metadata,
+    Column("run_id", String(128), nullable=False),
+    Column("flow_id", Integer, nullable=False),
+    Column("write_index", Integer, nullable=False),
+    Column("sched_ns", BigInteger, nullable=False),
+    Column("t_ns", BigInteger, nullable=False),
+    Column("stream_offset", BigInteger, nullable=False),   # not `offset`: an SQL keyword
+    Column("len", Integer, nullable=False),
+    Column("accepted", Integer, nullable=False),
+    Column("arrive_ns", BigInteger, nullable=True),
+    Column("arrivals", Integer, nullable=False),
+    Column("read_ns", BigInteger, nullable=True),
+    Column("latency_ns", BigInteger, nullable=True),
+    Column("read_latency_ns", BigInteger, nullable=True),
+)
+Index("ix_app_write_run_id", app_write.c.run_id, app_write.c.flow_id)
+
 # Per-packet tables: BRIN on (run_key, time) on PostgreSQL: built after the load of each partition in
 # one cheap pass, and packets arrive in time order per capture point; a plain B-tree on SQLite, where it
 # also serves per-run deletes.

@@ -11,6 +11,9 @@ from pathlib import Path
 import numpy as np
 from sqlalchemy import Engine, func, select, text
 
+from orchestrator.ingest import applat
+from orchestrator.ingest.applog import parse_write_log
+from orchestrator.ingest.pcap import read_pcap
 from orchestrator.ingest.ss import parse_ss
 from orchestrator.storage import addr, records, tables
 from orchestrator.storage.conns import ConnRegistry
@@ -106,6 +109,16 @@ def ss_samples() -> np.ndarray:
                            for name in ("ss_bbr.txt", "ss_dctcp_constructed.txt")])
 
 
+def app_writes() -> np.ndarray:
+    """records.APP_WRITE rows of the real thin-stream fixture (tests/fixtures/app: a capture that wraps past 0
+    and loses packets): latencies set, no sink log, so every read column is NULL."""
+    fix = Path(__file__).resolve().parents[1] / "fixtures" / "app"
+    pk = read_pcap(fix / "wrap.pcap")
+    data = pk[pk["src_port"] == 47004]
+    isn, _ = applat.isn_of(data["seq"], data["tcp_flags"], data["payload_len"])
+    return applat.app_writes(parse_write_log((fix / "wrap-writer.bin").read_bytes()).rows, data, isn, None, (0, 0, 0))
+
+
 def run_row(run_id: str, status: str = "complete", plan_sha256: str | None = PLAN_SHA) -> dict:
     return {
         "run_id": run_id, "plan_sha256": plan_sha256, "plan_name": "quickstart", "experiment": "fq_codel",
@@ -154,6 +167,7 @@ def make_run_ingest(run_id: str = "quickstart-0000", n_packets: int = 100_000, s
                        ("aqm", "veth-cli", qdisc_samples(1_000, rng))],
         ss_samples=[("client", ss_samples())],
         iperf_intervals=[(0, iperf_intervals(300, rng, 40_000)), (1, iperf_intervals(300, rng, 40_001))],
+        app_writes=[(1, app_writes())],
     )
 
 

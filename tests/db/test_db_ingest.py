@@ -28,7 +28,7 @@ from orchestrator.storage.writer import completed_builds, completed_run_ids, del
 EXPECTED_100K = {"plan": 1, "run": 1, "flow": 2, "artifact": 2, "host_evidence": 6, "run_host": 3, "capture_point": 2,
                  "conn": 8, "packet": 100_000, "qdelay": 10_000, "qdelay_pair": 1, "tcp_probe": 3_000,
                  "qdisc_sample": 2_000, "ss_sample": 20, "iperf_interval": 600, "kernel_trace": 0,
-                 "run_event": 0}
+                 "run_event": 0, "app_write": 60}
 _packets_back = packets_back
 
 
@@ -42,6 +42,12 @@ def test_round_trip_100k_packets(engine, db_url, make_ingest) -> None:
 
     assert counts.as_dict() == EXPECTED_100K
     assert table_counts(engine) == EXPECTED_100K
+    with engine.connect() as conn:   # app_write: values and NULLs survive COPY / executemany
+        rows = conn.execute(tables.app_write.select().order_by(tables.app_write.c.write_index)).mappings().all()
+    want = dict(ingest.app_writes)[1]
+    assert [r["latency_ns"] for r in rows] == want["latency_ns"].tolist()
+    assert [r["stream_offset"] for r in rows] == want["stream_offset"].tolist()
+    assert all(r["read_ns"] is None and r["read_latency_ns"] is None for r in rows)
     # Every packet field survives exactly (64-bit values, -1 sentinels, IPv6 text, UDP rows).
     assert _packets_back(engine, "rt-0001") == packets_expected(ingest)
     with engine.connect() as conn:

@@ -7,6 +7,7 @@ host). All return `Problem`s; none raises.
 from __future__ import annotations
 
 from orchestrator.plan.checks.agent_limits import agent_limit_problems, too_many_flows
+from orchestrator.plan.checks.app_limited import app_limited_problems
 from orchestrator.plan.checks.errors import Problem
 from orchestrator.plan.checks.ktrace_rules import kernel_trace_problems
 from orchestrator.plan.expansion.build import TemplateFlow, template_flows, traffic_groups
@@ -79,6 +80,7 @@ def _groups(t: RunTemplate, out: list[Problem]) -> None:
                 out.append(Problem(gp + (name,), f"`{name}` has no meaning for tool {tr.tool}"))
         if tr.tool != "iperf3" and tr.bytes is not None:
             out.append(Problem(gp + ("bytes",), "byte-limited flows need tool iperf3"))
+        out += app_limited_problems(gp, tr, t.duration.value)
 
 
 def _flows(t: RunTemplate, roles: list[str], flows: list[TemplateFlow], out: list[Problem]) -> None:

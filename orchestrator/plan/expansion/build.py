@@ -106,7 +106,9 @@ def flow_specs(t: RunTemplate) -> list[FlowSpec]:
             duration_s=(f.duration_ns if f.duration_ns is not None else run_ns - f.start_ns) / 1e9,
             port=f.port, tool=g.tool, bytes=f.bytes, rate_bit=g.rate.value if g.rate else None,
             write_size=g.write_size.value if g.write_size else None,
-            write_interval_s=g.write_interval.seconds if g.write_interval else None, nodelay=g.nodelay))
+            write_interval_s=g.write_interval.seconds if g.write_interval else None,
+            write_interval_dist=g.write_interval_dist if g.write_interval_dist == "exponential" else None,
+            nodelay=g.nodelay))
     return out
 
 

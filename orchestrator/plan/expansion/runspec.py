@@ -89,7 +89,17 @@ class FlowSpec(_Strict):
     rate_bit: int | None = Field(default=None, gt=0, description="sending rate (udp)")
     write_size: int | None = Field(default=None, gt=0, description="bytes per write (app_limited)")
     write_interval_s: float | None = Field(default=None, gt=0, description="seconds between writes")
+    write_interval_dist: Literal["exponential"] | None = Field(
+        default=None, description="None: fixed gaps; exponential gaps of mean write_interval_s (app_limited); "
+        "left out of the JSON when None, so specs (and run ids) of earlier plans stay as they were")
     nodelay: bool = False
+
+    @model_serializer(mode="wrap")
+    def _dist_if_any(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out = handler(self)
+        if out.get("write_interval_dist", "") is None:
+            del out["write_interval_dist"]
+        return out
 
 
 class AckPolicySpec(_Strict):
