@@ -56,11 +56,22 @@ def cmd_validate(path: str | Path, out: TextIO | None = None, err: TextIO | None
         plan = load_plan(path)
         runs = expand(plan, profile=prof)
         cells = len({r.run_id.rsplit("-r", 1)[0] for r in runs})
-        adapted = f", adapted by profile {prof.name} (rates x{runs[0].profile.scale_factor:.6g})" if prof and runs \
+        adapted = f", adapted by profile {prof.name} (rates {rate_factors(runs)})" if prof and runs \
             and runs[0].profile else ""
         print(f"{path}: ok: plan {plan.name}, {len(runs)} runs in {cells} cells, "
               f"sha256 {plan_sha256(path)[:16]}{adapted}", file=out)
     return _guarded(profile or path, body, err)
+
+
+def rate_factors(runs: list[RunSpec]) -> str:
+    """`x0.05`, or per experiment when they differ: `x0.05 (1, 2), x0.005 (tb-e16)`."""
+    by_factor: dict[float, list[str]] = {}
+    for r in runs:
+        if r.profile is not None and r.experiment not in by_factor.setdefault(r.profile.scale_factor, []):
+            by_factor[r.profile.scale_factor].append(r.experiment)
+    if len(by_factor) == 1:
+        return f"x{next(iter(by_factor)):.6g}"
+    return ", ".join(f"x{f:.6g} ({', '.join(es)})" for f, es in sorted(by_factor.items(), reverse=True))
 
 
 def run_summary(run: RunSpec) -> str:
@@ -75,7 +86,7 @@ def substitution_lines(runs: list[RunSpec]) -> list[str]:
         return []
     p = runs[0].profile
     kernels = {s.field: s for r in runs for s in r.substitutions if s.kind == "kernel"}
-    lines = [f"# profile {p.name} (sha256 {p.sha256}): rates x{p.scale_factor:.6g}"]
+    lines = [f"# profile {p.name} (sha256 {p.sha256}): rates {rate_factors(runs)}"]
     lines += [f"# {s.field}: {s.was} -> {s.now}" + (f" ({s.why})" if s.why else "") for s in kernels.values()]
     return lines
 

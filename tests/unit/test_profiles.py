@@ -201,10 +201,12 @@ def test_plan_expand_shows_the_effective_runs():
     assert cmd_expand(ROOT / "experiments/lsaimd/table-5-1.yaml", out=out, err=err,
                       profile=PROFILE_DIR / "vm-lab.yaml") == 0
     lines = out.getvalue().splitlines()
-    assert lines[0].startswith("# profile vm-lab (sha256 ") and lines[0].endswith("rates x0.05")
+    # one factor per experiment: 1 ... 3B at 200 Mbit/s need x0.2 under 50 Mbit/s, 4A ... 4H (1 Gbit/s) x0.05
+    assert lines[0].startswith("# profile vm-lab (sha256 ") and lines[0].endswith(
+        "rates x0.2 (1, 2, 3A, 3B), x0.05 (4A, 4B, 4C, 4D, 4E, 4F, 4G, 4H)")
     assert any(line.startswith("# kernels.lsaimd-5.0.0: source https://git.kernel.org/") and
                "-> source linux-source-6.1 + 1 patch(es)" in line for line in lines)
-    assert "bottleneck.rate 200mbit->10mbit" in lines[lines.index(next(x for x in lines if x.startswith("lsaimd-")))
+    assert "bottleneck.rate 200mbit->40mbit" in lines[lines.index(next(x for x in lines if x.startswith("lsaimd-")))
                                                           + 1]
     as_json = io.StringIO()
     assert cmd_expand(ROOT / "experiments/lsaimd/table-5-1.yaml", as_json=True, out=as_json, err=err,
@@ -248,3 +250,15 @@ def test_a_package_pattern_matches_the_abi_number_only():
     assert newest_matching(names, "linux-image-6.1.0-*-amd64") == "linux-image-6.1.0-56-amd64"
     assert newest_matching(names, "linux-image-6.1.0-9-amd64") == "linux-image-6.1.0-9-amd64"
     assert newest_matching(names, "linux-image-6.12.0-*-amd64") is None
+
+
+def test_each_experiment_is_scaled_only_as_far_as_its_own_rates_need():
+    """tbtcp's 9 Gbit/s tb-e15 must not slow its 10 Mbit/s tb-e6 down 200-fold (a 30 ms RTT would become 6 s)."""
+    runs = expand(load_plan(ROOT / "experiments/timer-cc/tbtcp.yaml"),
+                  profile=load_profile(PROFILE_DIR / "vm-lab.yaml"))
+    factor = {r.experiment: r.profile.scale_factor for r in runs}
+    assert factor["tb-e6"] == factor["tb-b1"] == 1.0 and factor["tb-e15"] == 0.005
+    e6 = next(r for r in runs if r.experiment == "tb-e6")
+    assert e6.derived.bottleneck_rate_bit == 10_000_000 and e6.derived.base_rtt_us == 30_000
+    # a sweep inside one experiment keeps its ratios: every run of it has the one factor
+    assert len({r.profile.scale_factor for r in runs if r.experiment == "tb-e15"}) == 1

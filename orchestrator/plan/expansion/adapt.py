@@ -5,7 +5,9 @@ Three adaptations, each a `Substitution` stored with the runs it touches:
   config fragments of its own becomes a build of the rule's Debian source package with the same patches,
   fragments and modules; any other variant becomes the rule's distribution package plus its modules. The
   name stays (it is how arms and `--kernel` name it); the hash follows the new content (G-VARIANT).
-- rates: one factor for the whole plan, so a sweep keeps its ratios. With `keep: bdp` every time of the
+- rates: one factor per experiment, so a sweep keeps its ratios (and the arms of an experiment stay
+  comparable), while a 9 Gbit/s experiment of a plan does not slow its 10 Mbit/s ones down 200-fold too.
+  With `keep: bdp` every time of the
   path (netem delays, base RTT, AQM targets, intervals and thresholds written as times, buffers written as
   times) grows by 1/factor: the path is the study's, slowed down, and holds the same packets. Flow start
   times, durations and sampling intervals are the plan's. With `keep: delay` only the rates change.
@@ -148,7 +150,8 @@ def readable_factor(limit: float) -> float:
 
 
 def scale_factor(scaling: Scaling | None, runs: list[RunTemplate]) -> float:
-    """The plan's one rate factor: as given, or max_rate over the plan's largest rate made readable."""
+    """The rate factor of these runs (one experiment's): as given, or max_rate over their largest rate made
+    readable."""
     if scaling is None:
         return 1.0
     if scaling.factor is not None:
@@ -226,12 +229,12 @@ class Adaptation:
     sha256: str
     kernels: dict[str, KernelVariant]
     kernel_subs: dict[str, Substitution]
-    factor: float
+    factors: dict[str, float]   # experiment -> its rate factor
     graph: Graph
 
-    def run(self, run: RunTemplate) -> tuple[RunTemplate, list[Substitution]]:
+    def run(self, run: RunTemplate, experiment: str) -> tuple[RunTemplate, list[Substitution]]:
         keep = self.profile.scale.keep if self.profile.scale else "bdp"
-        run, scaled = scale_run(run, self.factor, keep)
+        run, scaled = scale_run(run, self.factors[experiment], keep)
         run, placed = place_captures(run, self.profile, self.graph)
         return run, scaled + placed
 
@@ -239,7 +242,12 @@ class Adaptation:
         return [self.kernel_subs[n] for n in sorted(variant_names) if n in self.kernel_subs]
 
 
-def adaptation(profile: Profile, kernels: dict[str, KernelVariant], runs: list[RunTemplate],
+def adaptation(profile: Profile, kernels: dict[str, KernelVariant], runs: list[tuple[str, RunTemplate]],
                graph: Graph) -> Adaptation:
+    """`runs`: (experiment, run template) of every cell; each experiment gets the factor its own runs need."""
     adapted, subs = adapt_kernels(kernels, profile.kernels)
-    return Adaptation(profile, profile_digest(profile), adapted, subs, scale_factor(profile.scale, runs), graph)
+    by_experiment: dict[str, list[RunTemplate]] = {}
+    for experiment, run in runs:
+        by_experiment.setdefault(experiment, []).append(run)
+    factors = {e: scale_factor(profile.scale, rs) for e, rs in by_experiment.items()}
+    return Adaptation(profile, profile_digest(profile), adapted, subs, factors, graph)

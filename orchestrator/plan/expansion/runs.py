@@ -91,12 +91,12 @@ def _run_specs(plan: Plan, r: CellRun, varied: dict[str, KeyPath], a: Adaptation
     they name the cell; derived values, hosts and flows are the adapted run's, the substitutions say how)."""
     t, key, extra = r.run, r.key, {}
     if a is not None:
-        t, subs = a.run(r.run)
+        t, subs = a.run(r.run, r.cell.experiment)
         key = run_key(plan, r.cell, t, a.sha256)
     hosts = host_specs(t, plan.roles, plan.kernels if a is None else a.kernels)
     if a is not None:
         named = {k for role in plan.roles if (k := merged_host_section(t.hosts, role).kernel) is not None}
-        extra = {"profile": ProfileRef(name=a.profile.name, sha256=a.sha256, scale_factor=a.factor),
+        extra = {"profile": ProfileRef(name=a.profile.name, sha256=a.sha256, scale_factor=a.factors[r.cell.experiment]),
                  "substitutions": a.kernel_substitutions(named) + subs}
     stats, interval = qdisc_stat_links(t)
     stem = "-".join([plan.name, r.cell.experiment] + ([r.cell.arm] if r.cell.arm else []) + [key])
@@ -134,6 +134,6 @@ def expand(plan: Plan, *, order: Literal["cells", "rounds", "random"] | None = N
     again), in the plan's run order (or `order`), adapted to a testbed by `profile` if one is given."""
     varied = varied_fields(plan)
     cells = instantiate_all(plan)
-    a = None if profile is None else adaptation(profile, plan.kernels, [c.run for c in cells],
+    a = None if profile is None else adaptation(profile, plan.kernels, [(c.cell.experiment, c.run) for c in cells],
                                                 plan_graph(plan.roles, plan.topology))
     return order_runs(plan, [_run_specs(plan, r, varied, a) for r in cells], order)

@@ -223,7 +223,7 @@ class ProfileRef(_Strict):
 
     name: str
     sha256: str = Field(description="digest of what the profile does (its description aside)")
-    scale_factor: float = Field(1.0, description="the factor every rate of the plan was multiplied by")
+    scale_factor: float = Field(1.0, description="the factor every rate of the run's experiment was multiplied by")
 
 
 class TopologySpec(_Strict):
