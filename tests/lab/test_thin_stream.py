@@ -6,23 +6,18 @@ The host kernel has no netem, so the delay the writes see is the bottleneck queu
 (capacity 151 400 B = 60.6 ms at 20 Mbit/s)."""
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import numpy as np
 import pytest
-from rich.console import Console
-from rich.progress import Progress
 from sqlalchemy import text
 
 from agents.appwriter import schedule
 from analysis.report import write_report
 from analysis.thinstream import load_app_writes
-from orchestrator.engine.plan_run import run_plan
 from orchestrator.ingest.applog import parse_write_log
-from orchestrator.lab import netns
-from orchestrator.storage.db import open_db
 from schemas import limits
+from tests.lab.conftest import run_lab_plan
 
 PLAN = Path(__file__).resolve().parents[1] / "plans" / "lab_thin_stream.yaml"
 INTERVAL_MS = 50.0
@@ -33,12 +28,7 @@ QUEUE_MS = 60.56    # derived.queue_capacity_ms of the plan
 def thin_db(lab, tmp_path_factory):
     _, state_dir = lab
     out = tmp_path_factory.mktemp("thin")
-    url = f"sqlite:///{out / 'tcplab.db'}"
-    rc = asyncio.run(run_plan(PLAN, db_url=url, inventory=netns.inventory_path(state_dir),
-                              results=out / "results", force=False, console=Console(stderr=True),
-                              progress_factory=lambda: Progress(disable=True)))
-    assert rc == 0
-    return open_db(url), out
+    return run_lab_plan(PLAN, state_dir, out), out
 
 
 def runs(engine) -> dict[str, str]:
