@@ -103,10 +103,14 @@ def test_a_patched_build_boots_in_a_guest_and_sends_a_first_flight_of_16(tmp_pat
         # a plain socket pair, no application handshake: the sender's first flight is its initial window
         server = subprocess.Popen(["ip", "netns", "exec", client_ns, sys.executable, "-c", RECEIVER, client_addr])
         pcap = tmp_path / "client.pcap"
-        dump = subprocess.Popen(["ip", "netns", "exec", client_ns, "tcpdump", "-i", "to-aqm", "-s", "96", "-w",
-                                 str(pcap), "-U", "tcp"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        # --immediate-mode: libpcap's TPACKET_V3 hands tcpdump a block only when it fills or its 1 s timeout
+        # retires it, and SIGTERM drops a block not handed over -- a whole 300 KB flight fits in one (CI saw
+        # an empty capture when the flow ended less than a second before the stop)
+        dump = subprocess.Popen(["ip", "netns", "exec", client_ns, "tcpdump", "-i", "to-aqm", "-s", "96",
+                                 "--immediate-mode", "-w", str(pcap), "-U", "tcp"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
-            # a fixed sleep once lost the whole flight on a loaded CI machine: wait for tcpdump to say it listens
+            # wait for tcpdump to say it listens rather than for a fixed time
             banner = dump.stderr.readline()
             assert "listening on" in banner, banner
             run = vm.guest_exec([sys.executable, "-c", SENDER, client_addr], state_dir, role="server")
