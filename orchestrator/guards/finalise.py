@@ -17,7 +17,7 @@ from sqlalchemy import Engine
 from analysis.metrics.windows import analysis_window
 from orchestrator.guards import ack, clock, cpu, ecn, pre_run, qdisc, ss
 from orchestrator.guards.probe import probe_flags
-from orchestrator.ingest.assemble import assemble, cpu_samples
+from orchestrator.ingest.assemble import assemble, cpu_samples, measured_clock_offsets
 from orchestrator.ingest.record import RunRecord
 from orchestrator.plan import RunSpec
 from orchestrator.storage.run_ingest import RunIngest
@@ -73,8 +73,7 @@ def cpu_guard(spec: RunSpec, record: RunRecord, run_dir: Path) -> tuple[list[dic
 
 def evidence_guards(record: RunRecord) -> list[Flag]:
     """Guards on the host evidence the engine kept: clock offsets (G-CLOCK), what reset left (G-RESET)."""
-    offsets = {e["host"]: int(e["data"]["offset_ns"]) for e in record.evidence if e["phase"] == "clock"}
-    flags = clock.clock_findings(offsets)
+    flags = clock.clock_findings(measured_clock_offsets(record))
     flags += [Flag(guard="G-RESET", host=e["host"], message=f"reset left {d}")
               for e in record.evidence if e["phase"] == "reset" for d in e["data"].get("differences", [])]
     # a host the engine could not reach at reset (agent dead or silent) may still hold the run's settings

@@ -168,11 +168,16 @@ def assemble(spec: RunSpec, record: RunRecord, run_dir: Path) -> RunIngest:
                      kernel_trace=ktrace, app_writes=app_writes)
 
 
+def measured_clock_offsets(record: RunRecord) -> dict[str, int]:
+    """host -> its clock offset from the manager (ns) as the engine measured it before the run."""
+    return {e["host"]: int(e["data"]["offset_ns"]) for e in record.evidence if e["phase"] == "clock"}
+
+
 def clock_offsets(record: RunRecord) -> dict[str, int]:
     """host -> its clock offset from the manager (ns), measured before the run (G-CLOCK). Hosts on one kernel
     (the same boot_id: the netns lab) share one clock: they get one offset, the median of their measurements,
     so that measurement noise does not enter times subtracted across them."""
-    measured = {e["host"]: int(e["data"]["offset_ns"]) for e in record.evidence if e["phase"] == "clock"}
+    measured = measured_clock_offsets(record)
     boot = {e["host"]: (e["data"].get("capabilities") or {}).get("boot_id") or e["host"]
             for e in record.evidence if e["phase"] == "hello"}
     groups: dict[str, list[int]] = {}
