@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 from rich.table import Table
@@ -31,28 +32,36 @@ def _flows_mean(r: RunAnalysis, get: Callable) -> float:
 
 @dataclass(frozen=True)
 class MetricDef:
+    key: str                      # the name campaign checks use (docs/campaigns.md#metrics)
     name: str
     unit: str
+    better: Literal["higher", "lower"] | None   # declared once here; None: a campaign check must say
     value: Callable[[RunAnalysis], float]
     scale: float = 1.0            # display factor (bit/s -> Mbit/s)
 
 
 METRICS: tuple[MetricDef, ...] = (
-    MetricDef("goodput", "Mbit/s", lambda r: r.row.goodput_bps, 1e-6),
-    MetricDef("utilisation (wire)", "%", lambda r: r.utilisation.wire.mean if r.utilisation else math.nan, 100),
-    MetricDef("utilisation (payload)", "%", lambda r: r.utilisation.payload.mean if r.utilisation else math.nan,
+    MetricDef("goodput", "goodput", "Mbit/s", "higher", lambda r: r.row.goodput_bps, 1e-6),
+    MetricDef("utilisation_wire", "utilisation (wire)", "%", "higher",
+              lambda r: r.utilisation.wire.mean if r.utilisation else math.nan, 100),
+    MetricDef("utilisation_payload", "utilisation (payload)", "%", "higher",
+              lambda r: r.utilisation.payload.mean if r.utilisation else math.nan, 100),
+    MetricDef("qdelay_mean", "queue delay mean", "ms", "lower", lambda r: r.qdelay.mean, 1e-3),
+    MetricDef("qdelay_median", "queue delay median", "ms", "lower", lambda r: r.qdelay.median, 1e-3),
+    MetricDef("qdelay_p99", "queue delay p99", "ms", "lower", lambda r: r.qdelay.p99, 1e-3),
+    MetricDef("rtt_median", "RTT median (timestamps)", "ms", "lower",
+              lambda r: _flows_mean(r, lambda f: f.rtt.median), 1e-3),
+    MetricDef("srtt_mean", "srtt mean (tcp_probe)", "ms", "lower", lambda r: _flows_mean(r, lambda f: f.srtt.mean),
+              1e-3),
+    MetricDef("cwnd_mean", "cwnd mean", "segments", None, lambda r: _flows_mean(r, lambda f: f.cwnd.mean)),
+    MetricDef("jain", "Jain's index", "", "higher", lambda r: r.jain),
+    MetricDef("drop_rate", "drop rate (qdisc)", "%", "lower", lambda r: r.qdisc_drop_rate, 100),
+    MetricDef("ce_fraction", "CE fraction", "%", None, lambda r: _flows_mean(r, lambda f: f.signals.ce_fraction),
               100),
-    MetricDef("queue delay mean", "ms", lambda r: r.qdelay.mean, 1e-3),
-    MetricDef("queue delay median", "ms", lambda r: r.qdelay.median, 1e-3),
-    MetricDef("queue delay p99", "ms", lambda r: r.qdelay.p99, 1e-3),
-    MetricDef("RTT median (timestamps)", "ms", lambda r: _flows_mean(r, lambda f: f.rtt.median), 1e-3),
-    MetricDef("srtt mean (tcp_probe)", "ms", lambda r: _flows_mean(r, lambda f: f.srtt.mean), 1e-3),
-    MetricDef("cwnd mean", "segments", lambda r: _flows_mean(r, lambda f: f.cwnd.mean)),
-    MetricDef("Jain's index", "", lambda r: r.jain),
-    MetricDef("drop rate (qdisc)", "%", lambda r: r.qdisc_drop_rate, 100),
-    MetricDef("CE fraction", "%", lambda r: _flows_mean(r, lambda f: f.signals.ce_fraction), 100),
-    MetricDef("retransmissions", "per run", lambda r: float(sum(f.retransmissions for f in r.flows))),
+    MetricDef("retransmissions", "retransmissions", "per run", "lower",
+              lambda r: float(sum(f.retransmissions for f in r.flows))),
 )
+METRIC_BY_KEY = {m.key: m for m in METRICS}
 """What compare shows, one value per run each (flow metrics are averaged over the run's flows)."""
 
 
@@ -106,3 +115,13 @@ def compare(engine: Engine, selector_a: str, selector_b: str) -> tuple[Selection
     ids = list(dict.fromkeys(sel_a.run_ids + sel_b.run_ids))
     done = {r.run_id: r for r in (analyse(d) for d in iter_runs(engine, ids, detail=True))}
     return sel_a, sel_b, compare_results([done[i] for i in sel_a.run_ids], [done[i] for i in sel_b.run_ids])
+
+
+def metric_values(r: RunAnalysis) -> dict[str, float]:
+    """Every metric of one analysed run in its display unit: a campaign trial's one value per metric."""
+    return {m.key: float(m.value(r) * m.scale) for m in METRICS}
+
+
+def run_metric_values(engine: Engine, run_ids: Sequence[str]) -> dict[str, dict[str, float]]:
+    """run id -> metric key -> value, for the stored runs among `run_ids` (each loaded and analysed once)."""
+    return {d.meta.run_id: metric_values(analyse(d)) for d in iter_runs(engine, list(run_ids), detail=True)}

@@ -1,4 +1,4 @@
-"""`tcplab` command line: lab, plan, run, query, report, compare. Thin: every command calls one module."""
+"""`tcplab` command line: lab, plan, run, campaign, query, report, compare. Thin: every command calls one module."""
 from __future__ import annotations
 
 import argparse
@@ -319,6 +319,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_kernel_parser(sub, PROFILE_HELP)
     sub.choices["kernel"].set_defaults(func=cmd_kernel)
+
+    from orchestrator.campaign.commands import add_parser as add_campaign_parser
+
+    add_campaign_parser(sub, console, _progress)
 
     q = sub.add_parser("query", help="read-only SQL against the result database")
     q.add_argument("sql")

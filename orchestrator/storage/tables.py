@@ -352,3 +352,6 @@ Index("ix_kernel_trace_run_id", kernel_trace.c.run_id, kernel_trace.c.event)
 
 PARTITION_SCHEMA = "tcplab_part"
 PARTITIONED_TABLES = (packet, qdelay, tcp_probe, qdisc_sample, ss_sample)   # keyed by run_key
+
+# the campaign tables share this MetaData (imported last: they import `metadata` from here)
+from orchestrator.storage import campaign_tables as _campaign_tables  # noqa: E402,F401

@@ -18,7 +18,7 @@ from sqlalchemy import Connection, Engine, Table, exc, select, text
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
-from orchestrator.storage import bulk, records, tables
+from orchestrator.storage import bulk, records, tables, trials
 from orchestrator.storage.conns import ConnRegistry
 from orchestrator.storage.db import writer
 from orchestrator.storage.run_ingest import (
@@ -206,6 +206,8 @@ def write_run(engine: Engine, ingest: RunIngest) -> IngestCounts:
             if packets.points:
                 conn.execute(tables.capture_point.insert(), packets.points)
         counts["conn"], counts["capture_point"] = len(conn_rows), len(packets.points)
+        with _step("trial"):   # a campaign trial is ok in the transaction that stores its run and artifacts
+            trials.settle(conn, ingest.run, _final_rows(ingest, "hosts"), ingest.artifacts)
         if pg:
             with _step("partitions"):
                 if old is not None:
