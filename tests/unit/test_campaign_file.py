@@ -35,7 +35,8 @@ def test_tiny_campaign_pairs_every_cell_across_variants():
         chain = {s.kind: s for s in cand.hosts["aqm"].qdiscs["client"]}
         assert chain["pfifo"].limit_packets == 1000 and {s.kind: s for s in base.hosts["aqm"].qdiscs["client"]}[
             "pfifo"].limit_packets == 100
-        assert all(h.kernel.name == "vanilla" and h.kernel.vanilla for h in base.hosts.values())
+        # the netns profile stands the running kernel in for the vanilla variant, and says so
+        assert any("vanilla" in str(sub) for sub in base.substitutions)
         assert base.profile is not None and base.profile.name == "netns-lab"
 
 
