@@ -1,4 +1,4 @@
-"""`tcplab campaign run|resume|status|verdict|report` (docs/campaigns.md). Thin: each command calls one module.
+"""`tcplab campaign run|resume|status|verdict|report|nightly` (docs/campaigns.md). Thin: each command calls one module.
 
 Exit codes of run, resume and verdict: 0 pass, 1 regression, 2 infrastructure failure (a trial that never
 succeeded, a check without data, an unreachable host or database, the campaign held by another manager, a wrong
@@ -155,11 +155,36 @@ def cmd_report(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def cmd_nightly(args: argparse.Namespace, console: Console) -> int:
+    from orchestrator.ansible.nightly import install_nightly, local_inventory, nightly_vars
+    from orchestrator.lab.netns import inventory_path
+    from orchestrator.storage.db import default_db_url, normalize_url
+
+    name = _name(args.campaign, console)
+    if name is None or not Path(args.campaign).is_file():
+        console.print(f"{args.campaign}: give the campaign file", style="red", markup=False)
+        return EXIT_INFRA
+    db = args.db or default_db_url()
+    if normalize_url(db).get_backend_name() == "sqlite" and not db.startswith("sqlite:////"):
+        db = f"sqlite:///{(Path.cwd() / normalize_url(db).database).resolve()}"   # the unit runs elsewhere
+    extra = nightly_vars(name, Path(args.campaign), db, args.inventory or inventory_path(), Path.cwd(), args.at,
+                         Path(args.out))
+    if args.units_only:
+        extra["tcplab_nightly_enable"] = False
+    if args.systemd_dir:
+        extra["tcplab_systemd_dir"] = str(args.systemd_dir.resolve())
+    ini = args.manager_inventory or local_inventory(args.results / ".nightly")
+    result = install_nightly(ini, extra, console)
+    console.print(f"nightly.yml: {'ok' if result.ok else 'FAILED'}, {result.changes} changes"
+                  + "".join(f"\n  {h}: {'; '.join(m)}" for h, m in result.failed.items()), markup=False)
+    return 0 if result.ok else EXIT_INFRA
+
+
 def add_parser(sub, console: Console, progress_factory) -> None:
     p = sub.add_parser("campaign", help="nightly campaigns: plans x variants x repetitions, verdicts against the "
                        "vanilla baseline (docs/campaigns.md)", epilog="exit codes (run, resume, verdict): 0 pass, "
                        "1 regression, 2 infrastructure failure, 3 inconclusive (--strict)")
-    p.add_argument("action", choices=["run", "resume", "status", "verdict", "report"])
+    p.add_argument("action", choices=["run", "resume", "status", "verdict", "report", "nightly"])
     p.add_argument("campaign", help="the campaign file (status/verdict/report also take a stored campaign's name)")
     p.add_argument("--db", default=None, help="database URL (default $TCPLAB_DB or results/tcplab.db)")
     p.add_argument("--inventory", type=Path, default=None, help="run/resume: default the netns lab's inventory")
@@ -169,10 +194,18 @@ def add_parser(sub, console: Console, progress_factory) -> None:
     p.add_argument("--night", type=int, default=None, help="verdict: this night (default: the last finished)")
     p.add_argument("--out", default="results", help="report: the folder for campaign-NAME.html")
     p.add_argument("--json", action="store_true", help="status: as JSON")
+    p.add_argument("--at", default="*-*-* 02:00:00", help="nightly: when the timer fires (systemd OnCalendar)")
+    p.add_argument("--manager-inventory", type=Path, default=None,
+                   help="nightly: an INI inventory with a `manager` group (default: this machine, local connection)")
+    p.add_argument("--systemd-dir", type=Path, default=None, help="nightly: where the units go (default "
+                   "/etc/systemd/system)")
+    p.add_argument("--units-only", action="store_true", help="nightly: write the units, do not enable the timer "
+                   "(a machine without systemd as init)")
 
     def run(args: argparse.Namespace) -> int:
         if args.action in ("run", "resume"):
             return cmd_run(args, console, progress_factory)
-        return {"status": cmd_status, "verdict": cmd_verdict, "report": cmd_report}[args.action](args, console)
+        return {"status": cmd_status, "verdict": cmd_verdict, "report": cmd_report,
+                "nightly": cmd_nightly}[args.action](args, console)
 
     p.set_defaults(func=run)
