@@ -82,7 +82,7 @@ def print_verdicts(console: Console, name: str, night: int, rows: list[dict]) ->
         t.add_row(str(r["check_index"]), r["metric"], r["kind"], d.get("cell_label", r.get("cell_label", ""))[:60],
                   r["variant"], fmt(est), f"[{fmt(ci[0])}, {fmt(ci[1])}]" if ci[0] is not None else "",
                   fmt(d.get("p_adjusted")), r["verdict"])
-    console.print(t)
+    Console(file=console.file, width=max(console.width, 180)).print(t)   # a log file is not 80 columns wide
 
 
 def fmt(v: float | None) -> str:
