@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
@@ -78,6 +79,7 @@ def trend_png(metric: str, series: dict[tuple[str, str], dict[int, float]], nigh
             if cp in nights:
                 ax.axvline(nights[cp] - 0.5, color=line[0].get_color(), ls=":", lw=1.2)
     m = METRIC_BY_KEY.get(metric)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("night")
     ax.set_ylabel(f"{m.name} ({m.unit})" if m else metric)
     ax.set_title(f"{metric}: nightly median per cell and variant" + (f" ({m.better} is better)" if m and m.better

@@ -13,7 +13,7 @@ from orchestrator.plan import PlanError
 from schemas.identifiers import RUN_ID_PATTERN
 
 HERE = Path(__file__).resolve().parents[1] / "plans" / "campaign"
-GOOD = (HERE / "tiny.yaml").read_text()
+GOOD = (HERE / "tiny.yaml").read_text().replace("    cells: 1\n", "    cells: 2\n")
 
 
 def _errors(text: str) -> list[str]:
@@ -23,8 +23,9 @@ def _errors(text: str) -> list[str]:
 
 
 def test_tiny_campaign_pairs_every_cell_across_variants():
-    lc = load_campaign(HERE / "tiny.yaml")
+    lc = load_campaign_text(GOOD, str(HERE / "c.yaml"), HERE)
     assert [c.label for c in lc.cells] == ["tiny/main flows=1", "tiny/main flows=2"]
+    assert [c.label for c in load_campaign(HERE / "tiny.yaml").cells] == ["tiny/main flows=1"]   # `cells: 1`
     for c in lc.cells:
         base, cand = c.specs["vanilla"], c.specs["long-queue"]
         assert base.run_id != cand.run_id
@@ -43,7 +44,7 @@ def test_tiny_campaign_pairs_every_cell_across_variants():
 def test_cell_key_ignores_comments_but_not_the_cell(tmp_path):
     plan = (HERE / "tiny-plan.yaml").read_text()
     (tmp_path / "tiny-plan.yaml").write_text("# an edited comment\n" + plan)
-    a = load_campaign(HERE / "tiny.yaml")
+    a = load_campaign_text(GOOD, str(HERE / "c.yaml"), HERE)
     b = load_campaign_text(GOOD.replace("../../../experiments", str(HERE.parents[2] / "experiments")),
                            str(tmp_path / "c.yaml"), tmp_path)
     assert [c.key for c in a.cells] == [c.key for c in b.cells]
@@ -55,13 +56,13 @@ def test_cell_key_ignores_comments_but_not_the_cell(tmp_path):
 
 def test_unknown_metric_is_located():
     errs = _errors(GOOD.replace("{metric: goodput}", "{metric: goodputt}"))
-    assert len(errs) == 1 and errs[0].startswith("c.yaml:15:14:") and "checks[0].metric: unknown metric 'goodputt'" \
+    assert len(errs) == 1 and errs[0].startswith("c.yaml:16:14:") and "checks[0].metric: unknown metric 'goodputt'" \
         in errs[0]
 
 
 def test_baseline_must_be_vanilla():
     errs = _errors(GOOD.replace("{vanilla: true, package", "{vanilla: false, package"))
-    assert any(e.startswith("c.yaml:9:") and "vanilla baseline is refused (G-BASELINE)" in e for e in errs)
+    assert any(e.startswith("c.yaml:10:") and "vanilla baseline is refused (G-BASELINE)" in e for e in errs)
 
 
 def test_baseline_without_a_kernel_is_refused():
@@ -73,7 +74,7 @@ def test_override_of_no_field_and_direction_contradiction():
     text = GOOD.replace("bottleneck.queue.limit", "bottleneck.queue.limitt").replace(
         "{metric: goodput}", "{metric: goodput, better: lower}")
     errs = _errors(text)
-    assert any(e.startswith("c.yaml:11:17: variants.long-queue.overrides['bottleneck.queue.limitt']: ") for e in errs)
+    assert any(e.startswith("c.yaml:12:17: variants.long-queue.overrides['bottleneck.queue.limitt']: ") for e in errs)
     assert any("checks[0].better: goodput is better higher, declared once with the metric" in e for e in errs)
 
 
@@ -84,14 +85,14 @@ def test_override_of_a_field_the_plan_varies_is_refused():
 
 def test_override_the_plan_refuses_is_reported_at_the_variant():
     errs = _errors(GOOD.replace("bottleneck.queue.limit: 1000", "bottleneck.queue.limit: -5"))
-    assert any(e.startswith("c.yaml:10:3: variants.long-queue: plan tiny-plan.yaml with this variant: "
+    assert any(e.startswith("c.yaml:11:3: variants.long-queue: plan tiny-plan.yaml with this variant: "
                "run.bottleneck.queue.limit:") for e in errs)
 
 
 def test_missing_plan_and_bad_structure():
-    errs = _errors(GOOD.replace("plan: tiny-plan.yaml", "plan: nowhere.yaml").replace("min: 3, max: 6",
-                                                                                       "min: 7, max: 6"))
-    assert any("repetitions" in e and "max (6) is below min (7)" in e for e in errs)
+    errs = _errors(GOOD.replace("plan: tiny-plan.yaml", "plan: nowhere.yaml").replace("min: 4, max: 8",
+                                                                                       "min: 9, max: 8"))
+    assert any("repetitions" in e and "max (8) is below min (9)" in e for e in errs)
     errs = _errors(GOOD.replace("plan: tiny-plan.yaml", "plan: nowhere.yaml"))
     assert any(e.startswith("c.yaml:5:") and "nowhere.yaml" in e for e in errs)
 
@@ -112,7 +113,7 @@ def _rows(lc, existing=(), targets=None, attempts=2):
 
 
 def test_schedule_abba_and_retries():
-    lc = load_campaign(HERE / "tiny.yaml")
+    lc = load_campaign_text(GOOD, str(HERE / "c.yaml"), HERE)
     rows = _rows(lc)
     order = [(r["repetition"], r["cell_label"][-7:], r["variant"]) for r in rows]
     assert order[:4] == [(0, "flows=1", "vanilla"), (0, "flows=1", "long-queue"),
