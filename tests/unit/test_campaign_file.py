@@ -139,3 +139,26 @@ def test_samples_one_value_per_ok_repetition():
          {"id": 4, "campaign_run_id": 7, "cell_key": "k", "variant": "v", "repetition": 2, "status": "ok"}]
     vals = {1: {"goodput": 19.0}, 2: {"goodput": 1.0}, 3: {"goodput": 19.2}, 4: {"goodput": float("nan")}}
     assert schedule.samples(t, vals, "goodput") == {(7, "k", "v"): [19.0, 19.2]}
+
+
+def test_campaign_schema_is_current_documents_every_field_and_accepts_the_shipped_campaigns():
+    import json
+
+    import yaml
+    from jsonschema import Draft202012Validator
+
+    from orchestrator.campaign.schema import CAMPAIGN_SCHEMA_PATH, campaign_schema
+    from orchestrator.plan.model.schema import render
+
+    assert CAMPAIGN_SCHEMA_PATH.read_text() == render(campaign_schema()), (
+        "schemas/campaign.schema.json is stale: run `python -m orchestrator.campaign.schema`")
+    schema = json.loads(CAMPAIGN_SCHEMA_PATH.read_text())
+    props = [("Campaign." + k, v) for k, v in schema["properties"].items()]
+    props += [(f"{m}.{k}", v) for m, sub in schema["$defs"].items() for k, v in sub.get("properties", {}).items()]
+    assert [n for n, p in props if not (p.get("description") and p.get("examples"))] == []
+    shipped = [*sorted((HERE.parents[2] / "experiments" / "campaigns").glob("*.yaml")),
+               *sorted(p for p in HERE.glob("tiny*.yaml") if not p.name.endswith("-plan.yaml"))]
+    assert len(shipped) >= 3
+    for path in shipped:
+        assert [e.message for e in Draft202012Validator(schema).iter_errors(yaml.safe_load(path.read_text()))] == []
+        load_campaign(path)   # and the loader takes them, plans and all
