@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from analysis.stats.sequential import abba_order
 from orchestrator.campaign import cells as cellmod
 from orchestrator.campaign.loader import Cell
 
@@ -21,8 +22,9 @@ Slot = tuple[str, str, int]   # cell key, variant, repetition
 
 
 def variant_order(variants: Sequence[str], repetition: int) -> list[str]:
-    """ABBA: the baseline first on even repetitions, last on odd ones (A B, B A, A B, ...)."""
-    return list(variants) if repetition % 2 == 0 else list(reversed(variants))
+    """ABBA (analysis/stats/sequential.py, the policy the benchmark measured): the baseline first on even
+    repetitions, last on odd ones; with several candidates they keep their order between the baseline's turns."""
+    return list(variants) if abba_order(repetition)[0] == "base" else list(reversed(variants))
 
 
 @dataclass(frozen=True)
