@@ -11,16 +11,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from analysis.compare import METRIC_BY_KEY
 from analysis.stats.sequential import more_repetitions
 from analysis.stats.trend import trend
 from analysis.stats.verdict import absolute, decide, estimate
-
-from analysis.compare import METRIC_BY_KEY
 from orchestrator.campaign.loader import Cell
 from orchestrator.campaign.model import Campaign, Check
 from orchestrator.campaign.schedule import samples
 
-NO_DATA = "NO DATA"
+NO_DATA = "NO DATA"      # too few ok trials on a side: exit code 2
+NOT_APPLICABLE = "N/A"   # the trials are there, the metric is undefined for the cell (Jain's index of one flow)
 EXIT_PASS, EXIT_REGRESSION, EXIT_INFRA, EXIT_INCONCLUSIVE = 0, 1, 2, 3
 
 
@@ -87,13 +87,13 @@ def judge(c: Campaign, cells: Sequence[Cell], h: History) -> list[VerdictRow]:
                 if check.kind == "relative":
                     base = _clean(baseline_samples(c, per, h, cell.key))
                     if min(len(base), len(cand)) < 2:
-                        rows.append(VerdictRow(i, cell.key, cell.label, variant, check.metric, check.kind, NO_DATA,
-                                               {"base": base, "cand": cand}))
+                        rows.append(VerdictRow(i, cell.key, cell.label, variant, check.metric, check.kind,
+                                               _missing(h, cell.key, variant), {"base": base, "cand": cand}))
                         continue
                     e = estimate(base, cand, alpha=check.alpha, seed=seed)
                     rel.append((i, cell, variant, e, _estimate_detail(e, base, cand)))
                 elif check.kind == "absolute":
-                    rows.append(_absolute(i, check, cell, variant, cand, seed))
+                    rows.append(_absolute(i, check, cell, variant, cand, seed, h))
                 else:
                     rows.append(_trend(i, check, cell, variant, per, h, seed))
     if rel:
@@ -108,9 +108,19 @@ def judge(c: Campaign, cells: Sequence[Cell], h: History) -> list[VerdictRow]:
     return sorted(rows, key=lambda r: (r.check_index, r.cell_label, r.variant))
 
 
-def _absolute(i: int, check: Check, cell: Cell, variant: str, cand: list[float], seed: int) -> VerdictRow:
+def _missing(h: History, cell: str, variant: str) -> str:
+    """Why a side has fewer than 2 values tonight: too few ok trials (NO DATA), or a metric the cell's runs do not
+    define (N/A: every ok trial's value is NaN)."""
+    ok = sum(1 for t in h.trials if t["status"] == "ok" and t["campaign_run_id"] == h.tonight
+             and t["cell_key"] == cell and t["variant"] == variant)
+    return NOT_APPLICABLE if ok >= 2 else NO_DATA
+
+
+def _absolute(i: int, check: Check, cell: Cell, variant: str, cand: list[float], seed: int, h: History
+              ) -> VerdictRow:
     if len(cand) < 2:
-        return VerdictRow(i, cell.key, cell.label, variant, check.metric, check.kind, NO_DATA, {"cand": cand})
+        return VerdictRow(i, cell.key, cell.label, variant, check.metric, check.kind, _missing(h, cell.key, variant),
+                          {"cand": cand})
     assert check.bound is not None
     d = absolute(cand, check.bound, better_of(check), check.alpha, seed)
     e = d.estimate
@@ -141,7 +151,7 @@ def extra_repetitions(c: Campaign, rows: Sequence[VerdictRow], done: dict[tuple[
     campaign: analysis/stats/sequential.py). `done`: (cell, variant) -> ok repetitions tonight."""
     by_cell: dict[str, list[str]] = {}
     for r in rows:
-        if r.kind == "relative" and r.verdict != NO_DATA:
+        if r.kind == "relative" and r.verdict not in (NO_DATA, NOT_APPLICABLE):
             by_cell.setdefault(r.cell_key, []).append(r.verdict)
     out = {}
     for cell, verdicts in by_cell.items():
@@ -153,8 +163,8 @@ def extra_repetitions(c: Campaign, rows: Sequence[VerdictRow], done: dict[tuple[
 
 
 def exit_code(rows: Sequence[VerdictRow], unfinished: int, strict: bool) -> int:
-    """1 a regression (a finding outranks a broken night), 2 trials that never succeeded or a check without data,
-    3 inconclusive with --strict, else 0."""
+    """1 a regression (a finding outranks a broken night), 2 trials that never succeeded or a check without data
+    (N/A, a metric the cell does not define, is not a failure), 3 inconclusive with --strict, else 0."""
     verdicts = {r.verdict for r in rows}
     if "REGRESSION" in verdicts:
         return EXIT_REGRESSION

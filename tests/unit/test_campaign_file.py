@@ -202,3 +202,18 @@ def test_verdicts_relative_and_a_sustained_step_found_by_the_trend():
     flat = {(r.metric, r.kind): r for r in judge(lc.campaign, lc.cells, _history(lc, 10, 99, 1.0))}
     assert {r.verdict for r in flat.values()} == {"PASS"} and exit_code(list(flat.values()), 0, False) == EXIT_PASS
     assert exit_code(list(flat.values()), 1, False) == 2           # a slot that never succeeded
+
+
+def test_a_metric_the_cell_does_not_define_is_not_applicable_not_missing():
+    from orchestrator.campaign.verdicts import History, exit_code, judge
+
+    lc = load_campaign_text(GOOD.replace("{metric: goodput}", "{metric: jain}"), str(HERE / "c.yaml"), HERE)
+    cell = lc.cells[0].key
+    trials = [{"id": i, "campaign_run_id": 1, "cell_key": cell, "variant": v, "repetition": i % 4, "status": "ok"}
+              for i, v in enumerate(["vanilla"] * 4 + ["long-queue"] * 4)]
+    values = {i: {"jain": float("nan"), "qdelay_median": 50.0 + i % 4} for i in range(8)}
+    rows = {r.metric: r for r in judge(lc.campaign, lc.cells[:1], History(trials, values, [1], 1))}
+    assert rows["jain"].verdict == "N/A" and rows["qdelay_median"].verdict != "NO DATA"
+    assert exit_code(list(rows.values()), 0, False) != 2
+    lost = judge(lc.campaign, lc.cells[:1], History(trials[:5], values, [1], 1))   # one candidate trial only
+    assert {r.verdict for r in lost} == {"NO DATA"} and exit_code(lost, 0, False) == 2
