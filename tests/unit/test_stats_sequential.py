@@ -1,0 +1,59 @@
+"""analysis/stats/sequential.py (ABBA order, repetitions per look) and seeded campaign simulations through
+analysis/stats/simulate.py: A/A campaigns rarely regress, a 5 % change is decided within 8 per side."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from analysis.stats.sequential import MAX_REPS, MIN_REPS, STEP, abba_order, more_repetitions
+from analysis.stats.simulate import pool_draw, run_campaign
+
+
+def test_abba_alternates():
+    assert [abba_order(i) for i in range(4)] == [("base", "cand"), ("cand", "base")] * 2
+    with pytest.raises(ValueError):
+        abba_order(-1)
+
+
+def test_more_repetitions():
+    assert more_repetitions(0, [], 6, 12) == 6
+    assert more_repetitions(4, ["PASS"], 6, 12) == 2          # below the minimum verdicts do not count
+    assert more_repetitions(6, ["PASS", "REGRESSION"], 6, 12) == 0
+    assert more_repetitions(6, ["PASS", "INCONCLUSIVE"], 6, 12) == STEP
+    assert more_repetitions(11, ["INCONCLUSIVE"], 6, 12) == 1
+    assert more_repetitions(12, ["INCONCLUSIVE"], 6, 12) == 0
+    assert more_repetitions(MIN_REPS, ["INCONCLUSIVE"]) == min(STEP, MAX_REPS - MIN_REPS)
+    with pytest.raises(ValueError):
+        more_repetitions(0, [], 8, 6)
+
+
+# netns-like noise: goodput ~0.3 % CV, queue delay ~3 % CV (the fixture's order of magnitude)
+GOODPUT = np.random.default_rng(1).normal(19.1, 0.06, 50)
+QDELAY = np.random.default_rng(2).normal(55.0, 1.6, 50)
+BETTER = ["higher", "lower"]
+MIN_EFFECT = [0.02, 0.02]
+
+
+def test_aa_campaigns_rarely_regress():
+    draw = pool_draw([GOODPUT, QDELAY])
+    results = [run_campaign(draw, BETTER, MIN_EFFECT, 0.05, seed=s, n_boot=2000) for s in range(150)]
+    regress = sum(any(d.verdict == "REGRESSION" for d in r.decisions) for r in results)
+    assert regress <= 2
+    assert all(MIN_REPS <= r.n_per_side <= MAX_REPS for r in results)
+
+
+@pytest.mark.parametrize(("factors", "metric"), [((0.95, 1.0), 0), ((1.0, 1.05), 1)])
+def test_five_percent_change_is_decided_within_eight(factors, metric):
+    draw = pool_draw([GOODPUT, QDELAY], factor_cand=factors)
+    results = [run_campaign(draw, BETTER, MIN_EFFECT, 0.05, seed=s, n_boot=2000) for s in range(60)]
+    at8 = [r.verdict_at(metric, 8) for r in results]
+    assert sum(v != "INCONCLUSIVE" for v in at8) >= 0.9 * len(results)
+    assert at8.count("REGRESSION") >= 0.9 * len(results)
+    assert all(r.decided_at(metric) is not None for r in results)
+
+
+def test_campaign_is_reproducible():
+    draw = pool_draw([GOODPUT, QDELAY], factor_cand=(0.98, 1.0))
+    a = run_campaign(draw, BETTER, MIN_EFFECT, 0.05, seed=5, n_boot=500)
+    b = run_campaign(draw, BETTER, MIN_EFFECT, 0.05, seed=5, n_boot=500)
+    assert a == b
