@@ -13,13 +13,13 @@ from scipy import stats
 
 MAX_SAMPLES = 1000
 """Values per side at most: a campaign runs tens of repetitions per side, so more is a caller's mistake. It
-also bounds the bootstrap's index matrix (MAX_BOOT x MAX_SAMPLES int64 = 800 MB would be the worst case;
-BOOT_CELLS below keeps it far lower)."""
+also bounds the cost of one estimate (MAX_BOOT x MAX_SAMPLES draws at worst)."""
 MAX_BOOT = 100_000
 """Bootstrap resamples at most (n_boot is clipped to it)."""
-BOOT_CELLS = 2_000_000
-"""Index-matrix cells per chunk: resamples are drawn in chunks of BOOT_CELLS // n rows, so memory stays
-~16 MB whatever n_boot and n are, while each chunk is still one vectorised np.median call."""
+BOOT_CELLS = 40_000
+"""Index-matrix cells per chunk: resamples are drawn in chunks of BOOT_CELLS // n rows. Chunks that stay in
+the CPU cache make 10,000 resamples of 8 values ~2x faster than one big matrix, and memory stays bounded
+whatever n_boot and n are. (Part of the reproducibility contract: changing it changes the random stream.)"""
 EXACT_MAX_N = 100
 """Largest side for the exact Mann-Whitney distribution (SciPy computes it in ~10 ms at 100 + 100)."""
 PERMUTATION_MAX_N = 20

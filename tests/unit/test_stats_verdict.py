@@ -66,7 +66,11 @@ def test_bootstrap_ci_close_to_scipy_percentile():
     rng = np.random.default_rng(11)
     base = rng.lognormal(np.log(19), 0.02, 8)
     cand = rng.lognormal(np.log(18.5), 0.02, 8)
-    e = estimate(base, cand, alpha=0.05, seed=3, n_boot=40_000)
+    e = estimate(base, cand, alpha=0.05, seed=3, n_boot=40_000, level=0.95)
+    assert e.level == 0.95
+    default = estimate(base, cand, alpha=0.05, seed=3, n_boot=40_000)
+    assert default.level == pytest.approx(0.90)            # 1 - 2 alpha: each end a one-sided 95 % bound
+    assert e.ci_low < default.ci_low <= default.ci_high < e.ci_high
 
     def ratio(b, c, axis=-1):
         return np.median(c, axis=axis) / np.median(b, axis=axis)
