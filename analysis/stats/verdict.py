@@ -4,7 +4,8 @@ the Benjamini-Hochberg adjustment across a campaign's checks, the three-way verd
 absolute check (the candidate's median against a fixed bound).
 
 The CI is a percentile bootstrap interval at level 1 - 2 alpha (ci_level: 90 % for alpha 0.05), so that each
-verdict below is a one-sided test at alpha. The rule (docs/statistics.md), with the CI turned into relative worse-ness w = (w_lo, w_hi), positive = worse
+verdict below is a one-sided test at alpha. The rule (docs/statistics.md), with the CI turned into relative
+worse-ness w = (w_lo, w_hi), positive = worse
 (better="higher": w = 1 - ratio; better="lower": w = ratio - 1):
 - REGRESSION: BH-adjusted p < alpha AND w_lo > min_effect (the whole CI is worse than the minimum effect);
 - PASS: w_hi <= min_effect (the CI's worse end is within the minimum effect); improved=True when also
