@@ -9,7 +9,7 @@ from them (smoothed bootstrap, analysis/stats/simulate.py), in ABBA order, and e
 together (BH) under the repetition policy of analysis/stats/sequential.py, as a campaign does.
 Checks: goodput, queue delay median and p99 of both cells, Jain's index of the 2-flow cell (7 checks).
 Figures printed:
-1. A/A: both sides from the same runs, --campaigns campaigns (default 1000: 7000 checks, ~75 s): false
+1. A/A: both sides from the same runs, --campaigns campaigns (default 2000: 14,000 checks): false
    REGRESSION rate per check and per campaign (target <= 1 %), PASS share, repetitions per side run.
 2. Injected 5 % change (candidate x 0.95 for goodput, x 1.05 for queue delay, one check at a time, --injected
    campaigns each): share decided (PASS or REGRESSION) with <= 8 per side, share REGRESSION (power), and the
@@ -98,6 +98,24 @@ def aa(pools, n: int, n_boot: int, seed: int) -> list[CampaignResult]:
     return res
 
 
+def aa_as_run(path: Path) -> None:
+    """One real A/A campaign: the lab's runs in the order they ran, assigned to the sides in ABBA order."""
+    with path.open() as f:
+        rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
+    by_rep = {cell: sorted((r for r in rows if r["flows"] == cell), key=lambda r: int(r["repetition"]))
+              for cell in CELLS}
+    runs = iter(range(min(len(v) for v in by_rep.values())))
+
+    def draw(side: str, rng: np.random.Generator) -> np.ndarray:
+        k = next(runs)
+        return np.array([float(by_rep[cell][k][m]) for cell, metrics in CELLS.items() for m in metrics])
+
+    r = run_campaign(draw, BETTER, MIN_EFFECT, D.ALPHA, seed=1)
+    verdicts = Counter(d.verdict for d in r.decisions)
+    print(f"   the lab's own runs as one A/A campaign (repetition order, ABBA): {r.n_per_side} per side, "
+          + ", ".join(f"{k} {v}" for k, v in sorted(verdicts.items())))
+
+
 def agreement(pools, res: list[CampaignResult], n_boot_sim: int) -> None:
     """Re-decide the last look of the first campaigns with the recommended n_boot: same verdicts?"""
     draw = campaign_draw(pools)
@@ -171,7 +189,7 @@ def trends(pools, n: int, seed: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=Path, default=SAMPLES)
-    ap.add_argument("--campaigns", type=int, default=1000)
+    ap.add_argument("--campaigns", type=int, default=2000)
     ap.add_argument("--injected", type=int, default=200)
     ap.add_argument("--series", type=int, default=100)
     ap.add_argument("--n-boot", type=int, default=2000)
@@ -185,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
           f"n_boot {args.n_boot} in the simulations")
     t0 = time.perf_counter()
     res = aa(pools, args.campaigns, args.n_boot, args.seed)
+    aa_as_run(args.samples)
     agreement(pools, res, args.n_boot)
     t1 = time.perf_counter()
     injected(pools, args.injected, args.n_boot, args.seed + 100_000)
