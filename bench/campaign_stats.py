@@ -13,8 +13,8 @@ Figures printed:
    docs/statistics.md ran 2000): false REGRESSION rate per check and per campaign (target <= 1 %), PASS share,
    repetitions per side run.
 2. Injected 5 % change (candidate x 0.95 for goodput, x 1.05 for queue delay median and p99, one check at a
-   time, --injected campaigns each): share decided (PASS or REGRESSION) with <= 8 per side, share REGRESSION (power), and the
-   repetitions per side after which the verdict was decided for good.
+   time, --injected campaigns each): share decided (PASS or REGRESSION) with <= 8 per side, share REGRESSION
+   (power), and the repetitions per side after which the verdict was decided for good.
 3. Trend: --series series of nights (6 runs per night): a sustained 5 % step after 10 flat nights, detected
    after how many nights; false alarms on 20 flat nights evaluated every night.
 The simulations use --n-boot resamples (default 2000, for time); the figure "verdict agreement" re-decides
