@@ -2,11 +2,17 @@
 analysis/stats/simulate.py: A/A campaigns rarely regress, a 5 % change is decided within 8 per side."""
 from __future__ import annotations
 
+import csv
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from analysis.stats.sequential import MAX_REPS, MIN_REPS, STEP, abba_order, more_repetitions
 from analysis.stats.simulate import pool_draw, run_campaign
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_abba_alternates():
@@ -58,3 +64,31 @@ def test_campaign_is_reproducible():
     a = run_campaign(draw, BETTER, MIN_EFFECT, 0.05, seed=5, n_boot=500)
     b = run_campaign(draw, BETTER, MIN_EFFECT, 0.05, seed=5, n_boot=500)
     assert a == b
+
+
+def _fixture_columns(cell: str, metrics: list[str]) -> list[np.ndarray]:
+    path = Path(__file__).resolve().parents[1] / "fixtures/campaign/netns_reps.csv"
+    with path.open() as f:
+        rows = [r for r in csv.DictReader(line for line in f if not line.startswith("#")) if r["flows"] == cell]
+    assert len(rows) >= 20
+    return [np.array([float(r[m]) for r in rows]) for m in metrics]
+
+
+def test_real_netns_samples_aa_and_injected():
+    """The lab's own per-run values (tests/fixtures/campaign/): A/A never regresses, 5 % less goodput does."""
+    cols = _fixture_columns("2", ["goodput", "queue delay p99"])
+    aa = [run_campaign(pool_draw(cols), BETTER, MIN_EFFECT, 0.05, seed=s, n_boot=1000) for s in range(60)]
+    assert not any(d.verdict == "REGRESSION" for r in aa for d in r.decisions)
+    hit = [run_campaign(pool_draw(cols, factor_cand=(0.95, 1.0)), BETTER, MIN_EFFECT, 0.05, seed=s, n_boot=1000)
+           for s in range(30)]
+    assert all(r.verdict_at(0, 8) == "REGRESSION" for r in hit)
+
+
+def test_benchmark_runs_and_prints_its_figures(capsys):
+    spec = importlib.util.spec_from_file_location("campaign_stats", ROOT / "bench/campaign_stats.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--campaigns", "10", "--injected", "4", "--series", "2", "--n-boot", "500"]) == 0
+    out = capsys.readouterr().out
+    for needle in ("false REGRESSION", "decided@8", "flagged after k nights", "verdict agreement"):
+        assert needle in out
