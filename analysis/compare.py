@@ -20,6 +20,7 @@ from analysis.load import iter_runs
 from analysis.runstats import RunAnalysis, analyse
 from analysis.select import Selection, select
 from analysis.significance import welch_t_test
+from analysis.stats.defaults import MetricKind
 from analysis.summary import fmt_num, render_plain
 
 SIGNIFICANCE = 0.05
@@ -36,29 +37,30 @@ class MetricDef:
     name: str
     unit: str
     better: Literal["higher", "lower"] | None   # declared once here; None: a campaign check must say
+    kind: MetricKind | None                    # its default minimum effect in a campaign (analysis/stats/defaults)
     value: Callable[[RunAnalysis], float]
     scale: float = 1.0            # display factor (bit/s -> Mbit/s)
 
 
 METRICS: tuple[MetricDef, ...] = (
-    MetricDef("goodput", "goodput", "Mbit/s", "higher", lambda r: r.row.goodput_bps, 1e-6),
-    MetricDef("utilisation_wire", "utilisation (wire)", "%", "higher",
+    MetricDef("goodput", "goodput", "Mbit/s", "higher", "throughput", lambda r: r.row.goodput_bps, 1e-6),
+    MetricDef("utilisation_wire", "utilisation (wire)", "%", "higher", "throughput",
               lambda r: r.utilisation.wire.mean if r.utilisation else math.nan, 100),
-    MetricDef("utilisation_payload", "utilisation (payload)", "%", "higher",
+    MetricDef("utilisation_payload", "utilisation (payload)", "%", "higher", "throughput",
               lambda r: r.utilisation.payload.mean if r.utilisation else math.nan, 100),
-    MetricDef("qdelay_mean", "queue delay mean", "ms", "lower", lambda r: r.qdelay.mean, 1e-3),
-    MetricDef("qdelay_median", "queue delay median", "ms", "lower", lambda r: r.qdelay.median, 1e-3),
-    MetricDef("qdelay_p99", "queue delay p99", "ms", "lower", lambda r: r.qdelay.p99, 1e-3),
-    MetricDef("rtt_median", "RTT median (timestamps)", "ms", "lower",
+    MetricDef("qdelay_mean", "queue delay mean", "ms", "lower", "delay", lambda r: r.qdelay.mean, 1e-3),
+    MetricDef("qdelay_median", "queue delay median", "ms", "lower", "delay", lambda r: r.qdelay.median, 1e-3),
+    MetricDef("qdelay_p99", "queue delay p99", "ms", "lower", "delay", lambda r: r.qdelay.p99, 1e-3),
+    MetricDef("rtt_median", "RTT median (timestamps)", "ms", "lower", "delay",
               lambda r: _flows_mean(r, lambda f: f.rtt.median), 1e-3),
-    MetricDef("srtt_mean", "srtt mean (tcp_probe)", "ms", "lower", lambda r: _flows_mean(r, lambda f: f.srtt.mean),
-              1e-3),
-    MetricDef("cwnd_mean", "cwnd mean", "segments", None, lambda r: _flows_mean(r, lambda f: f.cwnd.mean)),
-    MetricDef("jain", "Jain's index", "", "higher", lambda r: r.jain),
-    MetricDef("drop_rate", "drop rate (qdisc)", "%", "lower", lambda r: r.qdisc_drop_rate, 100),
-    MetricDef("ce_fraction", "CE fraction", "%", None, lambda r: _flows_mean(r, lambda f: f.signals.ce_fraction),
+    MetricDef("srtt_mean", "srtt mean (tcp_probe)", "ms", "lower", "delay",
+              lambda r: _flows_mean(r, lambda f: f.srtt.mean), 1e-3),
+    MetricDef("cwnd_mean", "cwnd mean", "segments", None, None, lambda r: _flows_mean(r, lambda f: f.cwnd.mean)),
+    MetricDef("jain", "Jain's index", "", "higher", "fairness", lambda r: r.jain),
+    MetricDef("drop_rate", "drop rate (qdisc)", "%", "lower", "count", lambda r: r.qdisc_drop_rate, 100),
+    MetricDef("ce_fraction", "CE fraction", "%", None, None, lambda r: _flows_mean(r, lambda f: f.signals.ce_fraction),
               100),
-    MetricDef("retransmissions", "retransmissions", "per run", "lower",
+    MetricDef("retransmissions", "retransmissions", "per run", "lower", "count",
               lambda r: float(sum(f.retransmissions for f in r.flows))),
 )
 METRIC_BY_KEY = {m.key: m for m in METRICS}

@@ -13,13 +13,13 @@ from scipy import stats
 
 MAX_SAMPLES = 1000
 """Values per side at most: a campaign runs tens of repetitions per side, so more is a caller's mistake. It
-also bounds the bootstrap's index matrix (MAX_BOOT x MAX_SAMPLES int64 = 800 MB would be the worst case;
-BOOT_CELLS below keeps it far lower)."""
+also bounds the cost of one estimate (MAX_BOOT x MAX_SAMPLES draws at worst)."""
 MAX_BOOT = 100_000
 """Bootstrap resamples at most (n_boot is clipped to it)."""
-BOOT_CELLS = 2_000_000
-"""Index-matrix cells per chunk: resamples are drawn in chunks of BOOT_CELLS // n rows, so memory stays
-~16 MB whatever n_boot and n are, while each chunk is still one vectorised np.median call."""
+BOOT_CELLS = 40_000
+"""Index-matrix cells per chunk: resamples are drawn in chunks of BOOT_CELLS // n rows. Chunks that stay in
+the CPU cache make 10,000 resamples of 8 values ~2x faster than one big matrix, and memory stays bounded
+whatever n_boot and n are. (Part of the reproducibility contract: changing it changes the random stream.)"""
 EXACT_MAX_N = 100
 """Largest side for the exact Mann-Whitney distribution (SciPy computes it in ~10 ms at 100 + 100)."""
 PERMUTATION_MAX_N = 20
@@ -46,8 +46,16 @@ def _boot_medians(rng: np.random.Generator, x: np.ndarray, n_boot: int) -> np.nd
     for start in range(0, n_boot, rows):
         stop = min(n_boot, start + rows)
         idx = rng.integers(0, x.size, size=(stop - start, x.size))
-        out[start:stop] = np.median(x[idx], axis=1)
+        out[start:stop] = _row_medians(x[idx])
     return out
+
+
+def _row_medians(v: np.ndarray) -> np.ndarray:
+    """np.median(v, axis=1), by a full sort of each row: ~4x faster than np.median's partition for the
+    short rows met here (its per-call overhead dominates), and the same numbers."""
+    s = np.sort(v, axis=1)
+    n = v.shape[1]
+    return 0.5 * (s[:, (n - 1) // 2] + s[:, n // 2])
 
 
 def _n_boot(n_boot: int) -> int:

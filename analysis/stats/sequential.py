@@ -33,7 +33,8 @@ CAP_REPS = 200
 
 def abba_order(round_index: int) -> tuple[str, str]:
     """The order of the two variants in round `round_index` (0-based): ("base", "cand") in even rounds,
-    ("cand", "base") in odd ones."""
+    ("cand", "base") in odd ones. A round is one repetition per side; rounds count from 0 over the whole
+    cell, across looks (k more repetitions per side = the next k rounds)."""
     if round_index < 0:
         raise ValueError(f"round_index {round_index}: must be >= 0")
     return ("base", "cand") if round_index % 2 == 0 else ("cand", "base")

@@ -3,7 +3,9 @@ steady-state value per repetition. Owns the estimate (ratio of medians, bootstra
 the Benjamini-Hochberg adjustment across a campaign's checks, the three-way verdict rule, and the
 absolute check (the candidate's median against a fixed bound).
 
-The rule (docs/statistics.md), with the CI turned into relative worse-ness w = (w_lo, w_hi), positive = worse
+The CI is a percentile bootstrap interval at level 1 - 2 alpha (ci_level: 90 % for alpha 0.05), so that each
+verdict below is a one-sided test at alpha. The rule (docs/statistics.md), with the CI turned into relative
+worse-ness w = (w_lo, w_hi), positive = worse
 (better="higher": w = 1 - ratio; better="lower": w = ratio - 1):
 - REGRESSION: BH-adjusted p < alpha AND w_lo > min_effect (the whole CI is worse than the minimum effect);
 - PASS: w_hi <= min_effect (the CI's worse end is within the minimum effect); improved=True when also
@@ -44,11 +46,11 @@ class Estimate:
     median_base: float
     median_cand: float
     ratio: float                  # median_cand / median_base
-    ci_low: float                 # percentile bootstrap CI of the ratio, level 1 - alpha
+    ci_low: float                 # percentile bootstrap CI of the ratio, at `level` (default 1 - 2 alpha)
     ci_high: float
     p_value: float                # two-sided Mann-Whitney U of cand vs base
     method: str                   # "exact" / "permutation" / "asymptotic"; "no data"; "zero baseline"
-    alpha: float = 0.05           # the CI's level is 1 - alpha
+    level: float = 0.90           # the CI's confidence level
 
     @property
     def ok(self) -> bool:
@@ -72,7 +74,7 @@ class AbsoluteDecision:
     """Kind "absolute": the candidate's median against a fixed bound (no baseline, no p-value)."""
     n: int
     median: float
-    ci_low: float                 # percentile bootstrap CI of the median, level 1 - alpha
+    ci_low: float                 # percentile bootstrap CI of the median (ci_level)
     ci_high: float
     threshold: float
     better: Better
@@ -86,28 +88,40 @@ def _check_alpha(alpha: float) -> None:
         raise ValueError(f"alpha {alpha}: must be in (0, 0.5)")
 
 
-def _no_estimate(b: np.ndarray, c: np.ndarray, method: str, alpha: float) -> Estimate:
+def ci_level(alpha: float, level: float | None = None) -> float:
+    """The CI level used with `alpha`: 1 - 2 alpha unless given. Each end of a 1 - 2 alpha interval is a
+    one-sided bound at 1 - alpha, and each verdict is a one-sided question (is the change worse than
+    min_effect? is it within min_effect?), so each is then a test at level alpha: the two one-sided tests
+    (TOST) of equivalence testing. A 1 - alpha interval would make both verdicts tests at alpha / 2."""
+    lvl = 1.0 - 2.0 * alpha if level is None else float(level)
+    if not 0.5 <= lvl < 1.0:
+        raise ValueError(f"CI level {lvl}: must be in [0.5, 1)")
+    return lvl
+
+
+def _no_estimate(b: np.ndarray, c: np.ndarray, method: str, level: float) -> Estimate:
     med_b = float(np.median(b)) if b.size else NAN
     med_c = float(np.median(c)) if c.size else NAN
-    return Estimate(b.size, c.size, med_b, med_c, NAN, NAN, NAN, NAN, method, alpha)
+    return Estimate(b.size, c.size, med_b, med_c, NAN, NAN, NAN, NAN, method, level)
 
 
 def estimate(base: Sequence[float], cand: Sequence[float], alpha: float, seed: int,
-             n_boot: int = N_BOOT) -> Estimate:
-    """Ratio of medians (cand / base) with its percentile bootstrap CI at level 1 - alpha, and the
-    two-sided Mann-Whitney p-value. NaNs are dropped; with fewer than MIN_SIDE values on a side, or a
-    baseline median <= 0 (a ratio means nothing then: use an absolute check), the ratio, CI and p are
-    NaN and `method` says why."""
+             n_boot: int = N_BOOT, level: float | None = None) -> Estimate:
+    """Ratio of medians (cand / base) with its percentile bootstrap CI (level: ci_level(alpha, level), by
+    default 1 - 2 alpha), and the two-sided Mann-Whitney p-value. NaNs are dropped; with fewer than MIN_SIDE
+    values on a side, or a baseline median <= 0 (a ratio means nothing then: use an absolute check), the
+    ratio, CI and p are NaN and `method` says why."""
     _check_alpha(alpha)
+    lvl = ci_level(alpha, level)
     b, c = clean(base), clean(cand)
     if b.size < MIN_SIDE or c.size < MIN_SIDE:
-        return _no_estimate(b, c, "no data", alpha)
+        return _no_estimate(b, c, "no data", lvl)
     med_b, med_c = float(np.median(b)), float(np.median(c))
     if med_b <= 0:
-        return _no_estimate(b, c, "zero baseline", alpha)
-    lo, hi = ratio_of_medians_ci(b, c, alpha, seed, n_boot)
+        return _no_estimate(b, c, "zero baseline", lvl)
+    lo, hi = ratio_of_medians_ci(b, c, 1.0 - lvl, seed, n_boot)
     p, method = mann_whitney(b, c, seed)
-    return Estimate(b.size, c.size, med_b, med_c, med_c / med_b, lo, hi, p, method, alpha)
+    return Estimate(b.size, c.size, med_b, med_c, med_c / med_b, lo, hi, p, method, lvl)
 
 
 def benjamini_hochberg(p: Sequence[float]) -> np.ndarray:
@@ -163,16 +177,18 @@ def decide(estimates: Sequence[Estimate], better: Sequence[Better], min_effect: 
 
 
 def absolute(cand: Sequence[float], threshold: float, better: Better, alpha: float, seed: int,
-             n_boot: int = N_BOOT) -> AbsoluteDecision:
+             n_boot: int = N_BOOT, level: float | None = None) -> AbsoluteDecision:
     """The candidate's median against a fixed bound: REGRESSION when the whole bootstrap CI of the median
-    (level 1 - alpha) is on the bad side of the bound, PASS when it is all on the good side (or on the bound),
-    INCONCLUSIVE when it straddles the bound or there are fewer than MIN_SIDE values."""
+    (ci_level: 1 - 2 alpha by default, so each side is a one-sided test at alpha) is on the bad side of the
+    bound, PASS when it is all on the good side (or on the bound), INCONCLUSIVE when it straddles the bound
+    or there are fewer than MIN_SIDE values."""
     _check_alpha(alpha)
+    lvl = ci_level(alpha, level)
     c = clean(cand)
     if c.size < MIN_SIDE:
         med = float(np.median(c)) if c.size else NAN
         return AbsoluteDecision(c.size, med, NAN, NAN, threshold, better, "INCONCLUSIVE", (NAN, NAN))
-    lo, hi = median_ci(c, alpha, seed, n_boot)
+    lo, hi = median_ci(c, 1.0 - lvl, seed, n_boot)
     scale = abs(threshold) if threshold else 1.0    # relative to the bound; a zero bound: absolute units
     if better == "lower":
         w = ((lo - threshold) / scale, (hi - threshold) / scale)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from analysis.compare import METRIC_BY_KEY
+from analysis.stats.defaults import MIN_EFFECT
 from analysis.stats.sequential import more_repetitions
 from analysis.stats.trend import trend
 from analysis.stats.verdict import absolute, decide, estimate
@@ -50,6 +51,12 @@ class History:
 def better_of(check: Check) -> str:
     declared = METRIC_BY_KEY[check.metric].better
     return declared or check.better or "higher"
+
+
+def min_effect_of(check: Check) -> float:
+    """The check's own minimum effect, else its metric kind's default (analysis/stats/defaults.py)."""
+    kind = METRIC_BY_KEY[check.metric].kind
+    return check.min_effect if check.min_effect is not None else MIN_EFFECT.get(kind, MIN_EFFECT["throughput"])
 
 
 def _seed(base: int, *parts: object) -> int:
@@ -98,12 +105,12 @@ def judge(c: Campaign, cells: Sequence[Cell], h: History) -> list[VerdictRow]:
                     rows.append(_trend(i, check, cell, variant, per, h, seed))
     if rel:
         decisions = decide([r[3] for r in rel], [better_of(c.checks[r[0]]) for r in rel],
-                           [c.checks[r[0]].min_effect for r in rel], alpha=min(ch.alpha for ch in c.checks))
+                           [min_effect_of(c.checks[r[0]]) for r in rel], alpha=min(ch.alpha for ch in c.checks))
         for (i, cell, variant, _e, detail), d in zip(rel, decisions, strict=True):
             check = c.checks[i]
             rows.append(VerdictRow(i, cell.key, cell.label, variant, check.metric, check.kind, d.verdict,
                                    {**detail, "p_adjusted": d.p_adjusted, "improved": d.improved,
-                                    "worse_by": list(d.worse_by), "min_effect": check.min_effect,
+                                    "worse_by": list(d.worse_by), "min_effect": min_effect_of(check),
                                     "better": better_of(check)}))
     return sorted(rows, key=lambda r: (r.check_index, r.cell_label, r.variant))
 
@@ -136,22 +143,22 @@ def _trend(i: int, check: Check, cell: Cell, variant: str, per: dict, h: History
     if len(kept) < 3:
         return VerdictRow(i, cell.key, cell.label, variant, check.metric, check.kind, NO_DATA,
                           {"nights": [n for n, _ in kept], "note": "fewer than 3 nights with values"})
-    t = trend([s for _, s in kept], better_of(check), check.min_effect, check.alpha, seed)
+    t = trend([s for _, s in kept], better_of(check), min_effect_of(check), check.alpha, seed)
     verdict = "REGRESSION" if t.regression else "PASS"
     last_good = kept[t.last_good_night][0] if t.last_good_night is not None else None
     return VerdictRow(i, cell.key, cell.label, variant, check.metric, check.kind, verdict,
                       {"nights": [n for n, _ in kept], "medians": [float(sorted(s)[len(s) // 2]) for _, s in kept],
                        "change_points": [kept[j][0] for j in t.change_points if j < len(kept)], "step": t.step,
-                       "p": t.p_value, "last_good_night_id": last_good, "min_effect": check.min_effect,
+                       "p": t.p_value, "last_good_night_id": last_good, "min_effect": min_effect_of(check),
                        "better": better_of(check)})
 
 
 def extra_repetitions(c: Campaign, rows: Sequence[VerdictRow], done: dict[tuple[str, str], int]) -> dict[str, int]:
-    """Cell key -> repetitions more per side: the relative verdicts of a cell decide (one policy for the whole
-    campaign: analysis/stats/sequential.py). `done`: (cell, variant) -> ok repetitions tonight."""
+    """Cell key -> repetitions more per side: the relative and absolute verdicts of a cell decide (one policy for
+    the whole campaign: analysis/stats/sequential.py). `done`: (cell, variant) -> ok repetitions tonight."""
     by_cell: dict[str, list[str]] = {}
     for r in rows:
-        if r.kind == "relative" and r.verdict not in (NO_DATA, NOT_APPLICABLE):
+        if r.kind in ("relative", "absolute") and r.verdict not in (NO_DATA, NOT_APPLICABLE):
             by_cell.setdefault(r.cell_key, []).append(r.verdict)
     out = {}
     for cell, verdicts in by_cell.items():
