@@ -1,0 +1,1 @@
+"""Campaigns (docs/campaigns.md): the file, cells, the nightly executor, verdicts, `tcplab campaign`."""
