@@ -17,6 +17,7 @@ from markupsafe import Markup
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
@@ -53,6 +54,28 @@ def make_env() -> jinja2.Environment:
     env.filters.update(cell=fmt_cell, pretty=_pretty, json_script=lambda v: Markup(_json_script(v)),
                        u=lambda s: quote(str(s), safe=""))
     return env
+
+
+class SecurityHeaders:
+    """ASGI middleware: the CSP and friends on every response."""
+
+    HEADERS = ((b"content-security-policy", CSP.encode()), (b"x-content-type-options", b"nosniff"),
+               (b"referrer-policy", b"no-referrer"))
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *self.HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
 
 
 def create_app(engine: Engine, title: str = "tcplab") -> Starlette:
@@ -123,15 +146,6 @@ def create_app(engine: Engine, title: str = "tcplab") -> Starlette:
         Route("/static/plotly.min.js", plotly),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
-    app = Starlette(routes=routes)
-
-    @app.middleware("http")
-    async def headers(request: Request, call_next):
-        response = await call_next(request)
-        response.headers["Content-Security-Policy"] = CSP
-        response.headers["X-Content-Type-Options"] = "nosniff"
-        response.headers["Referrer-Policy"] = "no-referrer"
-        return response
-
+    app = Starlette(routes=routes, middleware=[Middleware(SecurityHeaders)])
     app.state.engine = engine
     return app
