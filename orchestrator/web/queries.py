@@ -160,6 +160,12 @@ class RunPage:
         return max(1, -(-self.total // size))
 
 
+def compact_kernels(lines: list[str]) -> list[str]:
+    """'host: variant release' per host, or one 'N hosts: variant release' line when every host ran the same."""
+    kernels = {line.partition(": ")[2] for line in lines}
+    return [f"{len(lines)} hosts: {kernels.pop()}"] if len(lines) > 1 and len(kernels) == 1 else lines
+
+
 def run_page(conn: Connection, f: RunFilter) -> RunPage:
     rows = [dict(x._mapping) for x in conn.execute(run_select(f))]
     ids = [x["run_id"] for x in rows]
@@ -170,6 +176,7 @@ def run_page(conn: Connection, f: RunFilter) -> RunPage:
         for x in conn.execute(sa.select(h.c.run_id, h.c.host, h.c.variant, h.c.release)
                               .where(h.c.run_id.in_(ids)).order_by(h.c.run_id, h.c.host)):
             kernels.setdefault(x.run_id, []).append(f"{x.host}: {x.variant or '-'} {x.release or ''}".strip())
+        kernels = {k: compact_kernels(v) for k, v in kernels.items()}
         for x in conn.execute(sa.select(trial.c.run_id, trial.c.variant, campaign_run.c.campaign, campaign_run.c.night)
                               .join(campaign_run, campaign_run.c.id == trial.c.campaign_run_id)
                               .where(trial.c.run_id.in_(ids))):

@@ -128,7 +128,8 @@ def physics_ingest() -> RunIngest:
         part["bytes"] = part["packets"] * FRAME
     run = {"run_id": PHYSICS_RUN, "plan_sha256": "d" * 64,
            "plan_name": spec.plan_name, "experiment": spec.experiment, "repetition": spec.repetition,
-           "seed": spec.seed, "status": "complete", "params": spec.params, "derived": spec.derived.model_dump(mode="json"),
+           "seed": spec.seed, "status": "complete", "params": spec.params,
+           "derived": spec.derived.model_dump(mode="json"),
            "spec": spec.model_dump(mode="json"), "tags": ["smoke", "<script>alert(1)</script>"], "profile": None,
            "t0_ns": T0, "duration_s": spec.duration_s,
            "started_at": dt.datetime(2026, 10, 1, 12, 0, tzinfo=dt.UTC),
