@@ -29,7 +29,8 @@ td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px} td.num{text-align:ri
 .NODATA{background:#ddd} .note{color:#555;font-size:12px} details{margin:.3em 0}"""
 
 
-def _nights(engine: Engine, name: str) -> list[dict[str, Any]]:
+def load_nights(engine: Engine, name: str) -> list[dict[str, Any]]:
+    """The campaign's nights (campaign_run rows) in night order."""
     with engine.connect() as conn:
         return [dict(r._mapping) for r in conn.execute(select(campaign_run).where(campaign_run.c.campaign == name)
                                                         .order_by(campaign_run.c.night))]
@@ -37,7 +38,7 @@ def _nights(engine: Engine, name: str) -> list[dict[str, Any]]:
 
 def load_verdicts(engine: Engine, name: str, night: int | None = None) -> tuple[dict, list[dict]] | None:
     """The last finished night (or night `night`) and its verdict rows."""
-    done = [n for n in _nights(engine, name) if n["status"] == "done" and (night is None or n["night"] == night)]
+    done = [n for n in load_nights(engine, name) if n["status"] == "done" and (night is None or n["night"] == night)]
     if not done:
         return None
     n = done[-1]
@@ -62,6 +63,34 @@ def nightly_medians(engine: Engine, night_ids: Sequence[int]) -> dict[tuple[str,
             if value is not None:
                 vals.setdefault((metric, label, variant), {}).setdefault(night_id, []).append(value)
     return {k: {n: float(np.median(v)) for n, v in per.items()} for k, per in vals.items()}
+
+
+def verdict_estimate(row: dict) -> Any:
+    """The number a verdict row shows: the ratio (relative), the candidate's median (absolute), the step (trend)."""
+    d = row["detail"] or {}
+    return d.get("ratio") if row["kind"] == "relative" else d.get("median_cand") if row["kind"] == "absolute" \
+        else d.get("step")
+
+
+def change_points(rows: Sequence[dict], numbers: dict[int, int]) -> dict[tuple[str, str], list[int]]:
+    """(cell label, variant) -> the change points (night ids) the night's trend checks found."""
+    ids = {v: k for k, v in numbers.items()}
+    return {(r["cell_label"], r["variant"]): [k for k in ((r["detail"] or {}).get("change_points") or [])
+                                              if k in numbers or k in ids]
+            for r in rows if r["kind"] == "trend"}
+
+
+def trend_series(medians: dict[tuple[str, str, str], dict[int, float]], rows: Sequence[dict]
+                 ) -> dict[str, dict[tuple[str, str], dict[int, float]]]:
+    """metric -> (cell label, variant) -> night id -> median: one trend plot per checked metric (every metric
+    with values when the night has no verdicts)."""
+    checked = list(dict.fromkeys(r["metric"] for r in rows)) or sorted({m for m, _, _ in medians})
+    out = {}
+    for metric in checked:
+        series = {(label, variant): per for (m, label, variant), per in medians.items() if m == metric}
+        if series:
+            out[metric] = series
+    return out
 
 
 def trend_png(metric: str, series: dict[tuple[str, str], dict[int, float]], nights: dict[int, int],
@@ -90,9 +119,9 @@ def trend_png(metric: str, series: dict[tuple[str, str], dict[int, float]], nigh
     return buf.getvalue()
 
 
-def _fmt(v: Any) -> str:
+def fmt_value(v: Any) -> str:
     if isinstance(v, list | tuple):
-        return "[" + ", ".join(_fmt(x) for x in v) + "]"
+        return "[" + ", ".join(fmt_value(x) for x in v) + "]"
     if isinstance(v, float) and not math.isnan(v):
         return f"{v:.4g}"
     return fmt_cell(v)
@@ -104,13 +133,12 @@ def verdict_table(rows: Sequence[dict]) -> str:
     body = []
     for r in rows:
         d = r["detail"] or {}
-        est = d.get("ratio") if r["kind"] == "relative" else d.get("median_cand") if r["kind"] == "absolute" \
-            else d.get("step")
+        est = verdict_estimate(r)
         cls = r["verdict"].replace(" ", "")
         body.append(f"<tr><td>{r['check_index']}</td><td>{html.escape(r['metric'])}</td><td>{r['kind']}</td>"
                     f"<td>{html.escape(r['cell_label'])}</td><td>{html.escape(r['variant'])}</td>"
-                    f"<td class=num>{_fmt(est)}</td><td class=num>{_fmt(d.get('ci'))}</td>"
-                    f"<td class=num>{_fmt(d.get('p_adjusted'))}</td><td class='{cls}'>{r['verdict']}</td></tr>")
+                    f"<td class=num>{fmt_value(est)}</td><td class=num>{fmt_value(d.get('ci'))}</td>"
+                    f"<td class=num>{fmt_value(d.get('p_adjusted'))}</td><td class='{cls}'>{r['verdict']}</td></tr>")
     return f"<table class=verdicts><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
@@ -119,7 +147,7 @@ def evidence(rows: Sequence[dict]) -> str:
     out = []
     for r in rows:
         d = {k: v for k, v in (r["detail"] or {}).items() if k != "cell_label"}
-        items = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(_fmt(v))}</td></tr>" for k, v in d.items())
+        items = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(fmt_value(v))}</td></tr>" for k, v in d.items())
         out.append(f"<details><summary>check {r['check_index']} {html.escape(r['metric'])} ({r['kind']}) · "
                    f"{html.escape(r['cell_label'])} · {html.escape(r['variant'])}: <span class='"
                    f"{r['verdict'].replace(' ', '')}'>{r['verdict']}</span></summary><table>{items}</table></details>")
@@ -130,7 +158,7 @@ def campaign_page(name: str, description: str, nights: Sequence[dict], last: dic
                   plots: dict[str, bytes], generated: str) -> str:
     night_rows = "".join(
         f"<tr><td class=num>{n['night']}</td><td>{html.escape(n['label'])}</td><td>{n['status']}</td>"
-        f"<td class=num>{fmt_cell(n['exit_code'])}</td><td>{html.escape(_summary(n.get('summary')))}</td></tr>"
+        f"<td class=num>{fmt_cell(n['exit_code'])}</td><td>{html.escape(summary_text(n.get('summary')))}</td></tr>"
         for n in nights)
     parts = [f"<!doctype html><html><head><meta charset=utf-8><title>campaign {html.escape(name)}</title>"
              f"<style>{STYLE}</style></head><body><h1>campaign {html.escape(name)}</h1>",
@@ -148,7 +176,7 @@ def campaign_page(name: str, description: str, nights: Sequence[dict], last: dic
     return "\n".join(parts) + "</body></html>\n"
 
 
-def _summary(summary: Any) -> str:
+def summary_text(summary: Any) -> str:
     if not isinstance(summary, dict):
         return ""
     v = ", ".join(f"{k} {n}" for k, n in sorted((summary.get("verdicts") or {}).items()))
@@ -159,7 +187,7 @@ def _summary(summary: Any) -> str:
 def write_campaign_report(engine: Engine, name: str, out_dir: Path) -> Path | None:
     with engine.connect() as conn:
         row = conn.execute(select(campaign).where(campaign.c.name == name)).first()
-    nights = _nights(engine, name)
+    nights = load_nights(engine, name)
     if row is None or not nights:
         return None
     import yaml
@@ -169,18 +197,9 @@ def write_campaign_report(engine: Engine, name: str, out_dir: Path) -> Path | No
     last, rows = found if found is not None else (None, [])
     numbers = {n["id"]: n["night"] for n in nights}
     medians = nightly_medians(engine, list(numbers))
-    cps: dict[tuple[str, str], list[int]] = {}
-    for r in rows:
-        if r["kind"] == "trend":
-            ids = {v: k for k, v in numbers.items()}
-            cps[(r["cell_label"], r["variant"])] = [k for k in ((r["detail"] or {}).get("change_points") or [])
-                                                    if k in numbers or k in ids]
-    checked = list(dict.fromkeys(r["metric"] for r in rows)) or sorted({m for m, _, _ in medians})
-    plots = {}
-    for metric in checked:
-        series = {(label, variant): per for (m, label, variant), per in medians.items() if m == metric}
-        if series:
-            plots[metric] = trend_png(metric, series, numbers, cps)
+    cps = change_points(rows, numbers)
+    plots = {metric: trend_png(metric, series, numbers, cps)
+             for metric, series in trend_series(medians, rows).items()}
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"campaign-{name}.html"
     path.write_text(campaign_page(name, description, nights, last, rows, plots,

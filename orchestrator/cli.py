@@ -1,4 +1,5 @@
-"""`tcplab` command line: lab, plan, run, campaign, query, report, compare. Thin: every command calls one module."""
+"""`tcplab` command line: lab, plan, run, campaign, query, report, compare, serve. Thin: every command calls one
+module."""
 from __future__ import annotations
 
 import argparse
@@ -323,6 +324,10 @@ def build_parser() -> argparse.ArgumentParser:
     from orchestrator.campaign.commands import add_parser as add_campaign_parser
 
     add_campaign_parser(sub, console, _progress)
+
+    from orchestrator.web.commands import add_parser as add_serve_parser
+
+    add_serve_parser(sub, console)
 
     q = sub.add_parser("query", help="read-only SQL against the result database")
     q.add_argument("sql")
