@@ -11,11 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from analysis.compare import METRIC_BY_KEY
 from analysis.stats.sequential import more_repetitions
 from analysis.stats.trend import trend
 from analysis.stats.verdict import absolute, decide, estimate
-
-from analysis.compare import METRIC_BY_KEY
 from orchestrator.campaign.loader import Cell
 from orchestrator.campaign.model import Campaign, Check
 from orchestrator.campaign.schedule import samples
