@@ -74,9 +74,9 @@ LEFT JOIN trial t ON t.run_id = r.run_id"""
 
 
 def v_flow(dialect: str) -> str:
-    iperf = ("SELECT run_id, flow_id, count(*) AS iperf_intervals, sum(bytes) AS iperf_bytes, "
+    iperf = ("SELECT run_id, flow_id, count(*) AS iperf_intervals, CAST(sum(bytes) AS BIGINT) AS iperf_bytes, "
              f"CAST(sum(bytes) AS {DOUBLE}) * 8 / nullif(max(end_s) - min(start_s), 0) AS goodput_bps, "
-             f"sum(retransmits) AS retransmits, CAST(avg(rtt_us) AS {DOUBLE}) AS iperf_rtt_mean_us "
+             f"CAST(sum(retransmits) AS BIGINT) AS retransmits, CAST(avg(rtt_us) AS {DOUBLE}) AS iperf_rtt_mean_us "
              "FROM iperf_interval GROUP BY run_id, flow_id")
     return f"""SELECT f.run_id, r.plan_name, r.experiment, r.status, f.flow_id, f.src_host, f.dst_host, f.src_addr,
   f.dst_addr, f.src_port, f.dst_port, f.cc, f.tool, f.start_s, f.duration_s, f.ack_ratio,
