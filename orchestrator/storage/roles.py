@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import psycopg
 from psycopg import sql
+from sqlalchemy.engine import URL
 
 from orchestrator.storage.db import normalize_url
 from orchestrator.storage.tables import PARTITION_SCHEMA
@@ -88,8 +89,9 @@ def _transfer_ownership(cur: psycopg.Cursor, owner: str) -> int:
     that belongs to a column (serial) follows its table, and may not be given away on its own."""
     rows = cur.execute("SELECT n.nspname, c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON "
                        "n.oid = c.relnamespace WHERE n.nspname = ANY(%s) AND c.relkind = ANY(%s) "
-                       "AND pg_get_userbyid(c.relowner) <> %s AND (c.relkind <> 'S' OR NOT EXISTS (SELECT 1 FROM pg_depend "
-                       "d WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid AND d.deptype IN ('a', 'i')))",
+                       "AND pg_get_userbyid(c.relowner) <> %s AND (c.relkind <> 'S' OR NOT EXISTS "
+                       "(SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid "
+                       "AND d.deptype IN ('a', 'i')))",
                        (list(SCHEMAS), list(_RELKINDS), owner)).fetchall()
     for schema, name, kind in rows:
         what = {"v": "VIEW", "m": "MATERIALIZED VIEW", "S": "SEQUENCE"}.get(kind, "TABLE")
@@ -105,13 +107,18 @@ class InitResult:
     owned: int
 
 
-def init_roles(url: str, roles: Roles) -> InitResult:
-    """Create (if needed) and grant both roles on the database at `url`, already migrated to head, in one
-    transaction; running it again changes nothing but passwords given again."""
+def require_postgresql(url: str) -> URL:
     parsed = normalize_url(url)
     if parsed.get_backend_name() != "postgresql":
         raise RolesError(f"--db {parsed.render_as_string(hide_password=True)}: roles need PostgreSQL; a SQLite "
                          "database has none (its file permissions are the access control)")
+    return parsed
+
+
+def init_roles(url: str, roles: Roles) -> InitResult:
+    """Create (if needed) and grant both roles on the database at `url`, already migrated to head, in one
+    transaction; running it again changes nothing but passwords given again."""
+    parsed = require_postgresql(url)
     dsn = parsed.set(drivername="postgresql").render_as_string(hide_password=False)
     try:
         with psycopg.connect(dsn, connect_timeout=10) as conn, conn.cursor() as cur:
