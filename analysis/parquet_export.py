@@ -121,7 +121,8 @@ def _flows(engine: Engine, meta: pa.Table) -> pa.Table:
     with engine.connect() as conn:
         rows = conn.execute(stmt, {"ids": ids}).all()
     position = {r: i for i, r in enumerate(ids)}
-    flows = pa.table({c: [r._mapping[c] for r in rows] for c in _FLOW_COLUMNS})
+    # a flow's own duration_s is flow_duration_s: the run's is among the metadata columns
+    flows = pa.table({f"flow_{c}" if c in RUN_COLUMNS else c: [r._mapping[c] for r in rows] for c in _FLOW_COLUMNS})
     return _with_run(meta, pa.array([position[r.run_id] for r in rows], pa.int64()), flows)
 
 
