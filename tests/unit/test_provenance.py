@@ -29,7 +29,6 @@ def test_plan_commit_of_a_real_repository(tmp_path) -> None:
                               text=True).stdout.strip()
 
     plan = tmp_path / "plan.yaml"
-    assert pv.plan_commit_of(plan) is None or True   # tmp_path may sit inside another repository
     git("init", "-q")
     plan.write_text("name: p\n")
     git("add", "plan.yaml")
