@@ -1,5 +1,5 @@
-"""`tcplab` command line: lab, plan, run, campaign, query, report, compare, serve. Thin: every command calls one
-module."""
+"""`tcplab` command line: lab, plan, run, campaign, query, db, export (cli_db.py), report, compare, serve.
+Thin: every command calls one module."""
 from __future__ import annotations
 
 import argparse
@@ -169,18 +169,6 @@ def cmd_kernel(args: argparse.Namespace) -> int:
     return args.kernel_func(args, console)
 
 
-def cmd_query(args: argparse.Namespace) -> int:
-    from orchestrator.storage.query import QueryError, format_rows, run_query
-
-    try:
-        cols, rows = run_query(args.db, args.sql)
-    except QueryError as exc:
-        console.print(f"[red]query failed:[/red] {exc}")
-        return 2
-    print(format_rows(cols, rows, as_json=args.json))
-    return 0
-
-
 def cmd_report(args: argparse.Namespace) -> int:
     from analysis.report import write_report
     from analysis.select import SelectorError, select_all
@@ -329,11 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve_parser(sub, console)
 
-    q = sub.add_parser("query", help="read-only SQL against the result database")
-    q.add_argument("sql")
-    q.add_argument("--db", default=None)
-    q.add_argument("--json", action="store_true")
-    q.set_defaults(func=cmd_query)
+    from orchestrator.cli_db import add_parsers as add_db_parsers
+
+    add_db_parsers(sub, console)
 
     rep = sub.add_parser("report", help="write the HTML report and CSV tables (docs/reports.md)")
     rep.add_argument("selectors", nargs="*", metavar="RUN|PLAN|CAMPAIGN",

@@ -24,6 +24,7 @@ from orchestrator.agent_client import AgentError
 from orchestrator.campaign import schedule, verdicts
 from orchestrator.campaign.cells import trial_seed
 from orchestrator.campaign.loader import LoadedCampaign
+from orchestrator.engine import provenance
 from orchestrator.engine.kernel_builds import attach_builds
 from orchestrator.engine.preflight import Refused
 from orchestrator.engine.recovery import AnotherManager, recover
@@ -87,7 +88,8 @@ class CampaignRunner:
             lease.release(self.db, self.c.name, self.holder)
 
     async def _night(self, night: dict) -> NightResult:
-        engine = RunEngine(self.inv, self.db, self.results)
+        engine = RunEngine(self.inv, self.db, self.results,
+                           provenance=provenance.collect(self.inv.kind, [p.row["path"] for p in self.lc.plans]))
         await engine.connect_all()    # AgentError: an unreachable host, before anything is touched
         async with engine:
             try:

@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from orchestrator.agent_client import AgentError
+from orchestrator.engine import provenance
 from orchestrator.engine.dry_run import dry_run
 from orchestrator.engine.kernel_builds import attach_builds
 from orchestrator.engine.preflight import REFUSED, Refused, Runnable
@@ -87,7 +88,7 @@ async def run_plan(plan_path: Path, db_url: str | None, inventory: Path | None, 
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         console.print(f"cannot start: the database is unreachable ({first})", style="red", markup=False)
         return 6
-    engine = RunEngine(inv, db, results)
+    engine = RunEngine(inv, db, results, provenance=provenance.collect(inv.kind, [plan_row["path"]]))
     try:
         await engine.connect_all()
     except AgentError as exc:

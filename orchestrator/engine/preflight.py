@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.engine import hostchecks, verify
+from orchestrator.engine.provenance import Provenance
 from orchestrator.guards import pre_run
 from orchestrator.inventory import Inventory
 from orchestrator.plan import RunSpec
@@ -53,9 +54,10 @@ def check_runs(specs: list[RunSpec], caps: dict[str, protocol.Capabilities], inv
     return [check_run(s, caps, inv) for s in specs]
 
 
-def spec_columns(spec: RunSpec, plan_row: dict | None, tags: list[str]) -> dict:
-    """The columns of a run row that come from the RunSpec (and its plan and testbed), whatever the outcome."""
-    return {
+def spec_columns(spec: RunSpec, plan_row: dict | None, tags: list[str], provenance: Provenance = Provenance()) -> dict:
+    """The columns of a run row that come from the RunSpec (and its plan, testbed and provenance), whatever the
+    outcome."""
+    return {**provenance.columns(plan_row["path"] if plan_row else None),
         "run_id": spec.run_id, "plan_sha256": plan_row["plan_sha256"] if plan_row else None,
         "plan_name": spec.plan_name, "experiment": spec.experiment, "repetition": spec.repetition,
         "seed": spec.seed, "params": spec.params, "derived": spec.derived.model_dump(mode="json"),
@@ -64,7 +66,7 @@ def spec_columns(spec: RunSpec, plan_row: dict | None, tags: list[str]) -> dict:
     }
 
 
-def refused_row(v: Refused, plan_row: dict | None, tags: list[str], at) -> dict:
+def refused_row(v: Refused, plan_row: dict | None, tags: list[str], at, provenance: Provenance = Provenance()) -> dict:
     """The run row of a refused run: status `refused`, the reasons in `error`, no T0 (nothing ran)."""
-    return {**spec_columns(v.spec, plan_row, tags), "status": REFUSED, "t0_ns": None, "started_at": at,
+    return {**spec_columns(v.spec, plan_row, tags, provenance), "status": REFUSED, "t0_ns": None, "started_at": at,
             "finished_at": at, "error": v.error, "flags": []}

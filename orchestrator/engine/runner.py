@@ -25,6 +25,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from orchestrator.agent_client import AgentClient, AgentError, AgentUnreachable
 from orchestrator.engine import bind, capcache, hostchecks, marker, preflight, verify
 from orchestrator.engine.appbind import app_start_lead_ns
+from orchestrator.engine.provenance import Provenance
 from orchestrator.guards.finalise import RunOutcome, finalise_run
 from orchestrator.ingest.assemble import sender_ports
 from orchestrator.ingest.record import RunRecord
@@ -68,8 +69,10 @@ def task_flags(role: str, tasks: Iterable[protocol.TaskStatus]) -> list[Flag]:
 class RunEngine:
     """One testbed session: an authenticated connection per inventory host, and the runs driven over them."""
 
-    def __init__(self, inv: Inventory, db: Engine, results_dir: Path, on_phase: Phase | None = None):
+    def __init__(self, inv: Inventory, db: Engine, results_dir: Path, on_phase: Phase | None = None,
+                 provenance: Provenance | None = None):
         self.inv, self.db, self.results_dir = inv, db, results_dir
+        self.provenance = provenance or Provenance()   # collected once per `tcplab run` / campaign night
         self.on_phase = on_phase or (lambda run_id, phase: None)
         self.clients: dict[str, AgentClient] = {}
         self.hellos: dict[str, protocol.HelloResult] = {}
@@ -115,7 +118,7 @@ class RunEngine:
     async def record_refused(self, refused: preflight.Refused, plan_row: dict | None) -> RunOutcome:
         """A refused run goes into the database (status `refused`, reasons in `error`) without touching any
         host or writing a run folder; `tcplab run` tries it again once the testbed can run it."""
-        row = preflight.refused_row(refused, plan_row, list(self.inv.tags), _now())
+        row = preflight.refused_row(refused, plan_row, list(self.inv.tags), _now(), self.provenance)
         try:
             await asyncio.to_thread(write_run, self.db, RunIngest(run=row, plan=plan_row))
         except DB_ERRORS as exc:
@@ -267,7 +270,7 @@ class RunEngine:
         return outcome
 
     def run_row(self, spec: RunSpec, plan_row, t0, started, error, flags: list[Flag]) -> dict:
-        return {**preflight.spec_columns(spec, plan_row, list(self.inv.tags)),
+        return {**preflight.spec_columns(spec, plan_row, list(self.inv.tags), self.provenance),
                 "status": "failed" if error else "complete", "t0_ns": t0, "started_at": started,
                 "finished_at": _now(), "error": error, "flags": [f.stored() for f in flags]}
 

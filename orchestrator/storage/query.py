@@ -13,10 +13,13 @@ import decimal
 import json
 import sqlite3
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import psycopg
+from sqlalchemy import text
+from sqlalchemy.dialects.postgresql import psycopg as pg_psycopg
 
 from orchestrator.storage.db import default_db_url, normalize_url, sqlite_path
 
@@ -25,13 +28,16 @@ class QueryError(RuntimeError):
     """A query that could not run: missing database, write attempt, SQL error. Message is for users."""
 
 
-def _sqlite_query(path: Path, sql: str) -> tuple[list[str], list[tuple]]:
+Params = Mapping[str, Any]
+
+
+def _sqlite_query(path: Path, sql: str, params: Params | None) -> tuple[list[str], list[tuple]]:
     if not path.is_file():
         raise QueryError(f"no SQLite database at {path}")
     # as_uri() percent-escapes the path, so names containing '?' or '#' still open the right file.
     conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
     try:
-        cur = conn.execute(sql)
+        cur = conn.execute(sql, dict(params)) if params is not None else conn.execute(sql)
         columns = [d[0] for d in cur.description or ()]
         return columns, cur.fetchall()
     except sqlite3.OperationalError as exc:
@@ -44,7 +50,7 @@ def _sqlite_query(path: Path, sql: str) -> tuple[list[str], list[tuple]]:
         conn.close()
 
 
-def _pg_query(url: str, sql: str) -> tuple[list[str], list[tuple]]:
+def _pg_query(url: str, sql: str, params: Params | None) -> tuple[list[str], list[tuple]]:
     try:
         conn = psycopg.connect(url, options="-c default_transaction_read_only=on", connect_timeout=10)
     except psycopg.OperationalError as exc:
@@ -53,7 +59,10 @@ def _pg_query(url: str, sql: str) -> tuple[list[str], list[tuple]]:
         with conn.cursor() as cur:
             cur.execute("SET TRANSACTION READ ONLY")
             # A prepared statement holds exactly one command: "...; COMMIT; DELETE ..." is refused.
-            cur.execute(sql, prepare=True)  # no params, so '%' in the SQL is not a placeholder
+            if params is None:
+                cur.execute(sql, prepare=True)  # no params, so '%' in the SQL is not a placeholder
+            else:   # `:name` placeholders as psycopg's %(name)s, a literal '%' doubled (SQLAlchemy's compiler)
+                cur.execute(str(text(sql).compile(dialect=pg_psycopg.dialect())), dict(params), prepare=True)
             columns = [d.name for d in cur.description or ()]
             rows = [tuple(r) for r in cur.fetchall()] if cur.description else []
         return columns, rows
@@ -67,18 +76,19 @@ def _pg_query(url: str, sql: str) -> tuple[list[str], list[tuple]]:
         conn.close()
 
 
-def run_query(url: str | None, sql: str) -> tuple[list[str], list[tuple]]:
-    """Run one read-only SQL statement; returns (column names, rows). Raises QueryError."""
+def run_query(url: str | None, sql: str, params: Params | None = None) -> tuple[list[str], list[tuple]]:
+    """Run one read-only SQL statement, with `:name` parameters bound from `params` when given; returns (column
+    names, rows). Raises QueryError."""
     parsed = normalize_url(url if url is not None else default_db_url())
     backend = parsed.get_backend_name()
     if backend == "sqlite":
         path = sqlite_path(parsed)
         if path is None:
             raise QueryError("querying needs a SQLite file (an in-memory database is empty)")
-        return _sqlite_query(path, sql)
+        return _sqlite_query(path, sql, params)
     if backend == "postgresql":
         libpq_url = parsed.set(drivername="postgresql").render_as_string(hide_password=False)
-        return _pg_query(libpq_url, sql)
+        return _pg_query(libpq_url, sql, params)
     raise QueryError(f"unsupported database {backend!r}")
 
 

@@ -59,6 +59,12 @@ run = Table(
     Column("error", Text, nullable=True),
     Column("flags", JSON, nullable=False),                 # guard findings after the run
     Column("run_key", Integer, nullable=False, unique=True),  # small id used by the per-packet tables
+    # provenance (orchestrator/engine/provenance.py, docs/database.md): who ran it, where, with which code and plan
+    Column("run_by", String(64), nullable=True),            # TCPLAB_USER, else the manager's OS user
+    Column("testbed", String(128), nullable=True),          # TCPLAB_TESTBED, else <inventory kind>:<manager host>
+    Column("tcplab_version", String(64), nullable=True),    # the installed package's version
+    Column("tcplab_commit", String(64), nullable=True),     # git describe of the tcplab checkout, else the version
+    Column("plan_commit", String(64), nullable=True),       # commit of the plan's repository (+"-dirty"); NULL: no git
 )
 
 kernel_build = Table(

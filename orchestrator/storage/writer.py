@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import psycopg
-from sqlalchemy import Connection, Engine, Table, exc, select, text
+from sqlalchemy import Connection, Engine, Table, exc, or_, select, text
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
@@ -83,16 +83,26 @@ class _Packets:
 
 # --- writers (effects) -------------------------------------------------------------------------------
 
-def _upsert_plan(conn: Connection, plan_row: dict[str, Any]) -> None:
-    """Insert the plan, or refresh name/path/text of a known one; created_at stays the first-seen."""
-    dialect = {"postgresql": pg_dialect, "sqlite": sqlite_dialect}.get(conn.dialect.name)
+def _insert_plan(engine: Engine, plan_row: dict[str, Any]) -> None:
+    """A plan not stored yet goes in on its own, committed at once (a plan row without runs is harmless). Inserted
+    inside the run's transaction, its row -- or its unique-index entry -- would make every other manager writing a
+    run of the same plan wait for that whole transaction (docs/database.md, "Two managers, one database")."""
+    dialect = {"postgresql": pg_dialect, "sqlite": sqlite_dialect}.get(engine.dialect.name)
     if dialect is None:
-        raise NotImplementedError(f"plan upsert on {conn.dialect.name}")
-    stmt = dialect.insert(tables.plan).values(**plan_row)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=[tables.plan.c.plan_sha256],
-        set_={c: stmt.excluded[c] for c in ("name", "path", "text") if c in plan_row})
-    conn.execute(stmt)
+        raise NotImplementedError(f"plan insert on {engine.dialect.name}")
+    with writer(engine).begin() as conn:
+        conn.execute(dialect.insert(tables.plan).values(**plan_row)
+                     .on_conflict_do_nothing(index_elements=[tables.plan.c.plan_sha256]))
+
+
+def _refresh_plan(conn: Connection, plan_row: dict[str, Any]) -> None:
+    """Refresh name/path/text of the stored plan where they differ; created_at stays the first-seen. An UPDATE that
+    matches no row locks none, so runs of an unchanged plan never wait for each other."""
+    p = tables.plan
+    fields = {c: plan_row[c] for c in ("name", "path", "text") if c in plan_row}
+    if fields:
+        changed = or_(*(p.c[c] != v for c, v in fields.items()))
+        conn.execute(p.update().where(p.c.plan_sha256 == plan_row["plan_sha256"], changed).values(**fields))
 
 
 def _old_key(conn: Connection, run_id: str) -> int | None:
@@ -159,11 +169,15 @@ def _final_rows(ingest: RunIngest, attr: str) -> list[dict[str, Any]]:
 def write_run(engine: Engine, ingest: RunIngest) -> IngestCounts:
     """Write one run in a single transaction, replacing any earlier ingest of the same run_id.
 
-    On any error nothing is changed: the old run (if any) and the plan row stay as they were.
+    On any error nothing is changed: the old run (if any) and the plan row stay as they were (a plan stored for the
+    first time stays: it is committed before the run's transaction, see _insert_plan).
     """
     validate(ingest)
     run_id = ingest.run["run_id"]
     counts: dict[str, int] = {}
+    if ingest.plan is not None:
+        with _step("plan"):
+            _insert_plan(engine, ingest.plan)
     with writer(engine).begin() as conn:
         if conn.dialect.name not in ("postgresql", "sqlite"):
             raise NotImplementedError(f"bulk load on {conn.dialect.name}")
@@ -174,7 +188,7 @@ def write_run(engine: Engine, ingest: RunIngest) -> IngestCounts:
             key = _new_key(conn)
         if ingest.plan is not None:
             with _step("plan"):
-                _upsert_plan(conn, ingest.plan)
+                _refresh_plan(conn, ingest.plan)
             counts["plan"] = 1
         # the bulk tables first (they reference run_key, not the run row): the packet observers have then
         # seen every packet, and the run row is inserted once, with its final flags

@@ -9,13 +9,13 @@ import datetime as dt
 from pathlib import Path
 
 import numpy as np
-from sqlalchemy import Engine, func, select, text
+from sqlalchemy import Engine, Table, func, select, text
 
 from orchestrator.ingest import applat
 from orchestrator.ingest.applog import parse_write_log
 from orchestrator.ingest.pcap import read_pcap
 from orchestrator.ingest.ss import parse_ss
-from orchestrator.storage import addr, records, tables
+from orchestrator.storage import addr, campaign_tables, records, tables
 from orchestrator.storage.conns import ConnRegistry
 from orchestrator.storage.run_ingest import RunIngest
 
@@ -173,11 +173,13 @@ def make_run_ingest(run_id: str = "quickstart-0000", n_packets: int = 100_000, s
 
 def table_counts(engine: Engine, run_id: str | None = None) -> dict[str, int]:
     """Rows per table of plans and runs (of one run, or all), read with plain SQL independent of the writer;
-    tables that hold no run data (kernel_build) are left out."""
+    tables that hold no run data (kernel_build) and the campaign tables (a trial names its run but is not written
+    with it) are left out."""
     out = {}
+    campaign = {t.name for t in vars(campaign_tables).values() if isinstance(t, Table)}
     with engine.connect() as conn:
         for t in tables.metadata.sorted_tables:
-            if t.name != "plan" and "run_id" not in t.c and "run_key" not in t.c:
+            if t.name in campaign or (t.name != "plan" and "run_id" not in t.c and "run_key" not in t.c):
                 continue
             stmt = select(func.count()).select_from(t)
             if run_id is not None and "run_id" in t.c:
