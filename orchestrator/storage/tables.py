@@ -59,6 +59,7 @@ run = Table(
     Column("error", Text, nullable=True),
     Column("flags", JSON, nullable=False),                 # guard findings after the run
     Column("run_key", Integer, nullable=False, unique=True),  # small id used by the per-packet tables
+    Column("timing", JSON, nullable=True),                 # phase timings and overhead (engine/timing.py)
 )
 
 kernel_build = Table(
@@ -87,6 +88,10 @@ flow = Table(
     Column("duration_s", Float, nullable=False),
     Column("tool", String(32), nullable=False),
     Column("ack_ratio", Float, nullable=True),             # M-ACKRATIO: data segments per pure ACK (G-ACK)
+    Column("scheduled_start_ns", BigInteger, nullable=True),   # T0 + start_s (the manager's clock)
+    Column("measured_start_ns", BigInteger, nullable=True),    # the flow's first SYN, in the manager's clock
+    Column("start_skew_ns", BigInteger, nullable=True),        # M-STARTSKEW: measured - scheduled
+    Column("start_point", String(128), nullable=True),         # the capture point the SYN was taken from
 )
 
 artifact = Table(

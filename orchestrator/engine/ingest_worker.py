@@ -1,0 +1,137 @@
+"""The ingest worker: one child process of the manager that finalises runs (parse, guards, one write) while
+the engine drives the next run, so a run's ingest overlaps the next run instead of following it.
+
+A process rather than a thread, so the engine can hold it still with SIGSTOP while the next run's flows are
+measured where the manager shares the testbed's CPUs (netns and VM labs: engine/pipeline.py) and let it go
+on with SIGCONT afterwards; a thread can be neither paused nor kept from the manager's own GIL. It is
+started with `setpriv --pdeathsig KILL` (agents/children.py), so it never outlives the manager, also when
+stopped. Crash safety is the engine's: a run is handed over only once its RunRecord and INGEST marker are on
+disk, and the marker goes once the write committed, so a worker or manager killed at any point leaves the
+run for `tcplab run`'s recovery or `tcplab ingest --pending`.
+
+Protocol: the database URL in the environment (TCPLAB_INGEST_DB_URL: never on a command line), then one
+JSON line per run on stdin {"run_dir": ...}, one JSON line per run on stdout, in order.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from agents.children import spawn
+from orchestrator.guards.finalise import RunOutcome
+from schemas.flag import Flag
+
+log = logging.getLogger("tcplab.manager")
+URL_ENV = "TCPLAB_INGEST_DB_URL"
+PENDING = "pending"
+NICE = 10
+
+
+def reply(outcome: RunOutcome) -> dict:
+    return {"run_id": outcome.run_id, "status": outcome.status, "error": outcome.error,
+            "flags": [f.stored() for f in outcome.flags], "counts": outcome.counts}
+
+
+def outcome_of(doc: dict) -> RunOutcome:
+    return RunOutcome(doc["run_id"], doc["status"], doc.get("error"),
+                      [Flag.from_stored(f) for f in doc.get("flags", [])], dict(doc.get("counts") or {}))
+
+
+def main() -> None:
+    """The child: finalise each run folder named on stdin; a database error leaves the run pending."""
+    from orchestrator.engine import marker
+    from orchestrator.engine.runner import DB_ERRORS, _first_line
+    from orchestrator.guards.finalise import finalise_run
+    from orchestrator.ingest.record import RunRecord
+    from orchestrator.storage.db import create_db_engine
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    os.nice(NICE)   # the runs' own steps (collect, reset, apply) come first; the ingest takes what is left
+    db = create_db_engine(os.environ[URL_ENV])   # the manager migrated it already
+    for line in sys.stdin:
+        run_dir = Path(json.loads(line)["run_dir"])
+        try:
+            outcome = finalise_run(db, run_dir, RunRecord.load(run_dir))
+            marker.clear(run_dir)
+            doc = reply(outcome)
+        except DB_ERRORS as exc:
+            reason = f"database unreachable or refused the write: {_first_line(exc)}"
+            log.error("run not stored run=%s error=%s", run_dir.name, reason)
+            doc = {"run_id": run_dir.name, "status": PENDING,
+                   "error": f"{reason} (run kept in {run_dir}; `tcplab ingest --pending` stores it)"}
+        sys.stdout.write(json.dumps(doc) + "\n")
+        sys.stdout.flush()
+
+
+class IngestWorker:
+    """The manager's handle on the worker: `ingest(run_dir)` one run at a time, `pause()`/`resume()`."""
+
+    def __init__(self, db_url: str):
+        self.db_url = db_url
+        self.proc: asyncio.subprocess.Process | None = None
+        self.paused = False
+
+    async def start(self) -> None:
+        env = {**os.environ, URL_ENV: self.db_url}
+        self.proc = await spawn([sys.executable, "-m", "orchestrator.engine.ingest_worker"],
+                                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
+                                limit=16 * 1024 * 1024)
+        log.info("ingest worker started pid=%d", self.proc.pid)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    async def ingest(self, run_dir: Path) -> RunOutcome:
+        """The run's outcome as the worker stored it; RuntimeError if the worker died (the run stays pending
+        on disk, marker and all)."""
+        if self.proc is None:
+            await self.start()
+        assert self.proc is not None and self.proc.stdin is not None and self.proc.stdout is not None
+        if not self.alive:
+            raise RuntimeError(f"ingest worker exited with {self.proc.returncode}")
+        self.proc.stdin.write((json.dumps({"run_dir": str(run_dir)}) + "\n").encode())
+        await self.proc.stdin.drain()
+        line = await self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"ingest worker exited with {await self.proc.wait()}")
+        return outcome_of(json.loads(line))
+
+    def _signal(self, sig: int) -> None:
+        if self.alive:
+            assert self.proc is not None
+            try:
+                os.kill(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def pause(self) -> None:
+        if not self.paused:
+            self._signal(signal.SIGSTOP)
+            self.paused = True
+
+    def resume(self) -> None:
+        if self.paused:
+            self._signal(signal.SIGCONT)
+            self.paused = False
+
+    async def close(self) -> None:
+        self.resume()
+        if self.proc is None:
+            return
+        if self.proc.stdin is not None and not self.proc.stdin.is_closing():
+            self.proc.stdin.close()
+        try:
+            await asyncio.wait_for(self.proc.wait(), 30)
+        except TimeoutError:
+            self._signal(signal.SIGKILL)
+            await self.proc.wait()
+
+
+if __name__ == "__main__":
+    main()
