@@ -4,7 +4,7 @@ the engine drives the next run, so a run's ingest overlaps the next run instead 
 A process rather than a thread, so the engine can hold it still with SIGSTOP while the next run's flows are
 measured where the manager shares the testbed's CPUs (netns and VM labs: engine/pipeline.py) and let it go
 on with SIGCONT afterwards; a thread can be neither paused nor kept from the manager's own GIL. It is
-started with `setpriv --pdeathsig KILL` (agents/children.py), so it never outlives the manager, also when
+started with `setpriv --pdeathsig KILL` (as the agents start their tools), so it never outlives the manager, also when
 stopped. Crash safety is the engine's: a run is handed over only once its RunRecord and INGEST marker are on
 disk, and the marker goes once the write committed, so a worker or manager killed at any point leaves the
 run for `tcplab run`'s recovery or `tcplab ingest --pending`.
@@ -18,11 +18,11 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
 
-from agents.children import spawn
 from orchestrator.guards.finalise import RunOutcome
 from schemas.flag import Flag
 
@@ -78,9 +78,10 @@ class IngestWorker:
 
     async def start(self) -> None:
         env = {**os.environ, URL_ENV: self.db_url}
-        self.proc = await spawn([sys.executable, "-m", "orchestrator.engine.ingest_worker"],
-                                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
-                                limit=16 * 1024 * 1024)
+        die_with_us = ["setpriv", "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []
+        self.proc = await asyncio.create_subprocess_exec(
+            *die_with_us, sys.executable, "-m", "orchestrator.engine.ingest_worker",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env, limit=16 * 1024 * 1024)
         log.info("ingest worker started pid=%d", self.proc.pid)
 
     @property

@@ -15,7 +15,6 @@ from pathlib import Path
 from sqlalchemy import Engine
 
 from analysis.metrics.windows import analysis_window
-from orchestrator.engine.timing import RunTiming
 from orchestrator.guards import ack, clock, cpu, ecn, pre_run, qdisc, ss
 from orchestrator.guards.probe import probe_flags
 from orchestrator.ingest.assemble import assemble, clock_offsets, cpu_samples, measured_clock_offsets
@@ -23,6 +22,7 @@ from orchestrator.ingest.record import RunRecord
 from orchestrator.ingest.startskew import StartTally
 from orchestrator.plan import RunSpec
 from orchestrator.storage.run_ingest import RunIngest
+from orchestrator.storage.timing import RunTiming
 from orchestrator.storage.writer import write_run
 from schemas.flag import Flag, unique
 
