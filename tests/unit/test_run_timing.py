@@ -71,7 +71,8 @@ def test_fixed_margins_are_the_reference():
 
 ARTIFACTS = {"aqm": [{"kind": "pcap", "task_id": "capture-0", "meta": {"ready_ns": 1_000 + 70 * MS}},
                      {"kind": "qdisc_stats", "task_id": "qdisc-0", "meta": {}}],
-             "client": [{"kind": "iperf3_server", "task_id": "iperf3-server-0", "meta": {"ready_ns": 1_000 + 250 * MS}}]}
+             "client": [{"kind": "iperf3_server", "task_id": "iperf3-server-0",
+                         "meta": {"ready_ns": 1_000 + 250 * MS}}]}
 
 
 def test_ready_latencies_and_late_readiness_from_the_artifacts_meta():
