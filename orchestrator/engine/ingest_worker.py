@@ -9,8 +9,11 @@ stopped. Crash safety is the engine's: a run is handed over only once its RunRec
 disk, and the marker goes once the write committed, so a worker or manager killed at any point leaves the
 run for `tcplab run`'s recovery or `tcplab ingest --pending`.
 
-Protocol: the database URL in the environment (TCPLAB_INGEST_DB_URL: never on a command line), then one
-JSON line per run on stdin {"run_dir": ...}, one JSON line per run on stdout, in order.
+Protocol: the database URL in the environment (TCPLAB_INGEST_DB_URL: never on a command line); the worker
+writes {"ready": true} once it has imported what it needs (about a second of CPU, once per session: the
+engine starts it before the first run, `RunEngine.start_ingest_worker`), then reads one JSON line per run on
+stdin {"run_dir": ...} and answers one JSON line per run on stdout, in order. It runs at the manager's
+priority: held still during the flows, it has to keep up in the time between them.
 """
 from __future__ import annotations
 
@@ -29,7 +32,6 @@ from schemas.flag import Flag
 log = logging.getLogger("tcplab.manager")
 URL_ENV = "TCPLAB_INGEST_DB_URL"
 PENDING = "pending"
-NICE = 10
 
 
 def reply(outcome: RunOutcome) -> dict:
@@ -44,23 +46,30 @@ def outcome_of(doc: dict) -> RunOutcome:
 
 def main() -> None:
     """The child: finalise each run folder named on stdin; a database error leaves the run pending."""
+    import psycopg
+    from sqlalchemy.exc import SQLAlchemyError
+
     from orchestrator.engine import marker
-    from orchestrator.engine.runner import DB_ERRORS, _first_line
     from orchestrator.guards.finalise import finalise_run
     from orchestrator.ingest.record import RunRecord
     from orchestrator.storage.db import create_db_engine
+    from orchestrator.storage.run_ingest import IngestError
+
+    db_errors = (SQLAlchemyError, psycopg.Error, IngestError)   # engine/runner.py's DB_ERRORS, without its imports
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    os.nice(NICE)   # the runs' own steps (collect, reset, apply) come first; the ingest takes what is left
     db = create_db_engine(os.environ[URL_ENV])   # the manager migrated it already
+    sys.stdout.write(json.dumps({"ready": True}) + "\n")   # imported: ~1 s of CPU, once per session
+    sys.stdout.flush()
     for line in sys.stdin:
         run_dir = Path(json.loads(line)["run_dir"])
         try:
             outcome = finalise_run(db, run_dir, RunRecord.load(run_dir))
             marker.clear(run_dir)
             doc = reply(outcome)
-        except DB_ERRORS as exc:
-            reason = f"database unreachable or refused the write: {_first_line(exc)}"
+        except db_errors as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            reason = f"database unreachable or refused the write: {first}"
             log.error("run not stored run=%s error=%s", run_dir.name, reason)
             doc = {"run_id": run_dir.name, "status": PENDING,
                    "error": f"{reason} (run kept in {run_dir}; `tcplab ingest --pending` stores it)"}
@@ -75,6 +84,7 @@ class IngestWorker:
         self.db_url = db_url
         self.proc: asyncio.subprocess.Process | None = None
         self.paused = False
+        self._ready: asyncio.Future | None = None
 
     async def start(self) -> None:
         env = {**os.environ, URL_ENV: self.db_url}
@@ -82,7 +92,17 @@ class IngestWorker:
         self.proc = await asyncio.create_subprocess_exec(
             *die_with_us, sys.executable, "-m", "orchestrator.engine.ingest_worker",
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env, limit=16 * 1024 * 1024)
+        self._ready = asyncio.ensure_future(self.proc.stdout.readline())   # its first line: imported
         log.info("ingest worker started pid=%d", self.proc.pid)
+
+    async def wait_ready(self, timeout_s: float = 60.0) -> bool:
+        """Whether the worker has imported what it needs (False: it died or took longer than timeout_s)."""
+        if self._ready is None:
+            return False
+        try:
+            return bool(await asyncio.wait_for(asyncio.shield(self._ready), timeout_s))
+        except TimeoutError:
+            return False
 
     @property
     def alive(self) -> bool:
@@ -94,8 +114,8 @@ class IngestWorker:
         if self.proc is None:
             await self.start()
         assert self.proc is not None and self.proc.stdin is not None and self.proc.stdout is not None
-        if not self.alive:
-            raise RuntimeError(f"ingest worker exited with {self.proc.returncode}")
+        if not await self._ready or not self.alive:
+            raise RuntimeError(f"ingest worker exited with {await self.proc.wait()}")
         self.proc.stdin.write((json.dumps({"run_dir": str(run_dir)}) + "\n").encode())
         await self.proc.stdin.drain()
         line = await self.proc.stdout.readline()
@@ -125,6 +145,8 @@ class IngestWorker:
         self.resume()
         if self.proc is None:
             return
+        if self._ready is not None and not self._ready.done():
+            self._ready.cancel()
         if self.proc.stdin is not None and not self.proc.stdin.is_closing():
             self.proc.stdin.close()
         try:

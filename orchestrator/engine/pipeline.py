@@ -16,7 +16,8 @@ already applies run n+1. What may overlap depends on where the manager runs (`ov
 At most one ingest is behind: before run n+1 hands its record over, it waits for run n's (its
 `ingest_wait`). A run's timing: the slot it held the testbed for (apply ... save, plus that wait); its own
 ingest is recorded as `ingest` (overlapped, so not in its wall time); the wait for the last run's ingest
-after its slot is its `drain_s`, once per campaign.
+after its slot is its `drain_s`, and the wait for the worker to be ready before the first run that run's
+`warmup_s`, each once per campaign.
 """
 from __future__ import annotations
 
@@ -83,7 +84,14 @@ async def run_many(engine: RunEngine, jobs: Sequence[tuple[RunSpec, dict | None]
             finished(i, await engine.run_one(spec, plan_row))
         return [o for o in outcomes if o is not None]
 
-    worker = IngestWorker(engine.db.url.render_as_string(hide_password=False))
+    await engine.start_ingest_worker()   # at once unless started already
+    worker: IngestWorker = engine.ingest_worker
+    began = time.monotonic()
+    # its imports (about a second of CPU) must not run during the first run's flows, and held still there they
+    # would delay the first ingests: the campaign waits for them once, before its first run (warmup_s)
+    if not await worker.wait_ready():
+        log.error("ingest worker not ready: the runs are ingested in the manager")
+    warmup_s = time.monotonic() - began
 
     async def before_flows(t0_ns: int) -> None:
         if policy == "between_flows":
@@ -104,9 +112,8 @@ async def run_many(engine: RunEngine, jobs: Sequence[tuple[RunSpec, dict | None]
 
     pending: asyncio.Task | None = None
     try:
-        await worker.start()   # its imports run during the first run's apply, and are paused during its flows
         for i, (spec, plan_row) in enumerate(jobs):
-            run_timing = timing.RunTiming(flows_s=bind.flows_s(spec))
+            run_timing = timing.RunTiming(flows_s=bind.flows_s(spec), warmup_s=warmup_s if i == 0 else 0.0)
             clock = timing.PhaseClock(run_timing)
             try:
                 run_dir, record = await engine.execute(spec, plan_row, clock, Hooks(before_flows, after_flows))
@@ -125,9 +132,9 @@ async def run_many(engine: RunEngine, jobs: Sequence[tuple[RunSpec, dict | None]
                 run_timing.drain_s = time.monotonic() - began
                 finished(i, await asyncio.to_thread(engine.stored_timing, outcome, run_timing))
     finally:
+        worker.resume()
         if pending is not None:
             await asyncio.gather(pending, return_exceptions=True)
-        await worker.close()
     return [o for o in outcomes if o is not None]
 
 

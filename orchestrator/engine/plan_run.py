@@ -10,6 +10,7 @@ start; 5 another manager is running; 6 the database unreachable at start.
 from __future__ import annotations
 
 import datetime as dt
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -95,6 +96,8 @@ async def run_plan(plan_path: Path, db_url: str | None, inventory: Path | None, 
         console.print(f"cannot start: {exc}", style="red", markup=False)
         return 4
     async with engine:
+        if os.environ.get("TCPLAB_FIXED_MARGINS") != "1":
+            await engine.start_ingest_worker()   # imports while recovery and preflight run (engine/pipeline.py)
         try:
             for outcome in await recover(engine):
                 console.print(f"recovered run {outcome.run_id}: {outcome.status}"

@@ -95,6 +95,7 @@ class RunEngine:
         self.clients: dict[str, AgentClient] = {}
         self.hellos: dict[str, protocol.HelloResult] = {}
         self.history = timing.History()   # schedule op and readiness latencies of the recent runs
+        self.ingest_worker = None          # engine/ingest_worker.py, once run_many (or start_ingest_worker) needs it
 
     @property
     def caps(self) -> dict[str, protocol.Capabilities]:
@@ -113,7 +114,19 @@ class RunEngine:
             log.info("connected host=%s kernel=%s", role, self.hellos[role].capabilities.kernel_release)
 
     async def close(self) -> None:
+        if self.ingest_worker is not None:
+            await self.ingest_worker.close()
+            self.ingest_worker = None
         await asyncio.gather(*(c.close() for c in self.clients.values()), return_exceptions=True)
+
+    async def start_ingest_worker(self) -> None:
+        """Start the ingest worker run_many overlaps the runs' ingests with (its imports take about a second of
+        CPU: started early, e.g. before recovery and preflight, they are done by the first ingest)."""
+        from orchestrator.engine.ingest_worker import IngestWorker
+
+        if self.ingest_worker is None:
+            self.ingest_worker = IngestWorker(self.db.url.render_as_string(hide_password=False))
+            await self.ingest_worker.start()
 
     async def __aenter__(self) -> RunEngine:
         await self.connect_all()

@@ -31,6 +31,7 @@ class RunTiming:
     wall_s: float = 0.0
     margins: dict[str, float] = field(default_factory=dict)
     drain_s: float = 0.0
+    warmup_s: float = 0.0   # before the first run of run_many: the ingest worker's start (once per campaign)
 
     @property
     def overhead_s(self) -> float:
@@ -39,12 +40,14 @@ class RunTiming:
     def as_json(self) -> dict:
         return {"phases": {k: round(v, 4) for k, v in self.phases.items()}, "flows_s": round(self.flows_s, 4),
                 "wall_s": round(self.wall_s, 4), "overhead_s": round(self.overhead_s, 4),
-                "margins": {k: round(v, 4) for k, v in self.margins.items()}, "drain_s": round(self.drain_s, 4)}
+                "margins": {k: round(v, 4) for k, v in self.margins.items()}, "drain_s": round(self.drain_s, 4),
+                "warmup_s": round(self.warmup_s, 4)}
 
     def line(self) -> str:
         """One line for `tcplab run`: overhead and its phases in ms."""
         parts = " ".join(f"{k}={v * 1000:.0f}" for k, v in self.phases.items() if k != "flows")
         drain = f"; then {self.drain_s:.2f} s for the campaign's last ingest" if self.drain_s else ""
+        drain += f"; after {self.warmup_s:.2f} s for the ingest worker's start" if self.warmup_s else ""
         return (f"overhead {self.overhead_s:.2f} s (wall {self.wall_s:.2f} s, flows {self.flows_s:g} s; ms: {parts})"
                 + drain)
 
