@@ -31,7 +31,7 @@ def test_migrated_schema_equals_metadata(engine) -> None:
         ctx = MigrationContext.configure(conn, opts={"compare_type": True, "compare_server_default": True})
         diff = compare_metadata(ctx, tables.metadata)
     assert diff == []
-    assert current_revision(engine) == head_revision() == "0013"
+    assert current_revision(engine) == head_revision() == "0015"
     names = set(inspect(engine).get_table_names())
     assert names == set(tables.metadata.tables) | {"alembic_version"}
 
