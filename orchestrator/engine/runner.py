@@ -16,7 +16,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -27,6 +27,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from orchestrator.agent_client import AgentClient, AgentError, AgentUnreachable
 from orchestrator.engine import bind, capcache, hostchecks, marker, preflight, timing, verify
 from orchestrator.engine.appbind import app_start_lead_ns
+from orchestrator.engine.stopping import Hooks, stop_after_flows, timed
 from orchestrator.guards.finalise import RunOutcome, finalise_run
 from orchestrator.ingest.assemble import sender_ports
 from orchestrator.ingest.record import RunRecord
@@ -39,37 +40,18 @@ from schemas import protocol
 from schemas.flag import Flag
 
 log = logging.getLogger("tcplab.manager")
-TAIL_POLL_S = 0.02        # how often the senders are asked whether their flows are over
 RECONNECT_WAIT_S = 20.0   # an agent restarted by its supervisor answers within a few seconds
 Phase = Callable[[str, str], None]
 DB_ERRORS = (SQLAlchemyError, psycopg.Error, IngestError)
 R = TypeVar("R")
 
-__all__ = ["RunEngine", "RunFailed", "RunOutcome"]
+__all__ = ["Hooks", "RunEngine", "RunFailed", "RunOutcome"]
 # the run's outcome when the database refused the write: the run is on disk, `tcplab ingest --pending` retries
 PENDING = "pending"
 
 
 class RunFailed(Exception):
     pass
-
-
-async def _noop(*_: object) -> None:
-    return None
-
-
-@dataclass
-class Hooks:
-    """What run_many does around a run's measurement (see RunEngine.execute)."""
-    before_flows: Callable[[int], Awaitable[None]] = _noop   # once scheduled, with T0 (ns)
-    after_flows: Callable[[], Awaitable[None]] = _noop
-
-
-async def _timed(op: Awaitable) -> int:
-    """The ns an op took, from sending to the answer."""
-    began = time.monotonic_ns()
-    await op
-    return time.monotonic_ns() - began
 
 
 def _first_line(exc: BaseException) -> str:
@@ -208,7 +190,7 @@ class RunEngine:
             evidence.append({"host": role, "phase": "reset", "data": {"restored": False, "error": str(exc)}})
         return evidence
 
-    async def _run_watching(self, roles: Iterable[str], seconds: float) -> None:
+    async def run_watching(self, roles: Iterable[str], seconds: float) -> None:
         """Sleep while the flows run, but fail the run as soon as a host's control connection is lost (agent
         killed, stopped answering pings) rather than at collect time."""
         clients = {r: self.clients[r] for r in roles}
@@ -283,17 +265,17 @@ class RunEngine:
             boot_ids = {r: self.caps[r].boot_id for r in self.inv.hosts}
             tasks = bind.schedule_tasks(spec, self.inv, tl, boot_ids)
             self.on_phase(spec.run_id, "schedule")
-            took = await self._each(tasks, lambda r, c: _timed(c.schedule(
+            took = await self._each(tasks, lambda r, c: timed(c.schedule(
                 protocol.ScheduleArgs(run_id=spec.run_id, tasks=tasks[r]))))
             self.history.schedule_ns.append(max(took.values()))
             self.on_phase(spec.run_id, "running")
             clock.enter("wait_t0")
             await hooks.before_flows(t0)
-            await self._run_watching(tasks, max(0.0, (t0 - time.time_ns()) / 1e9))
+            await self.run_watching(tasks, max(0.0, (t0 - time.time_ns()) / 1e9))
             clock.enter("flows")
-            await self._run_watching(tasks, max(0.0, (t0 + int(clock.timing.flows_s * 1e9) - time.time_ns()) / 1e9))
+            await self.run_watching(tasks, max(0.0, (t0 + int(clock.timing.flows_s * 1e9) - time.time_ns()) / 1e9))
             clock.enter("tail")
-            await self.tail(spec.run_id, tasks, tl, margins, clock)
+            await stop_after_flows(self, spec.run_id, tasks, tl, margins, clock)
             await hooks.after_flows()
             clock.enter("collect")
             self.on_phase(spec.run_id, "collect")
@@ -341,28 +323,11 @@ class RunEngine:
         measured and this session's history; TCPLAB_FIXED_MARGINS=1: the old constants (a reference)."""
         if os.environ.get("TCPLAB_FIXED_MARGINS") == "1":
             return timing.fixed_margins()
-        return timing.size_margins(timing.floors_for(self.inv.kind), rtts_ns, self.history.schedule_ns,
-                                   self.history.ready_ns, base_rtt_ns=int((spec.derived.base_rtt_us or 0) * 1000))
-
-    async def tail(self, run_id: str, tasks: dict[str, list], tl: bind.Timeline, margins: timing.Margins,
-                   clock: timing.PhaseClock) -> None:
-        """After the flows' scheduled end: wait until every flow task is done (its connections closed on the
-        sender), then `grace` (the final ACK crossing the capture host), then stop every host's passive tasks.
-        Without early stop, or when the flows are not done by stop_ns, the tasks end at their stop_ns."""
-        flow_ids = bind.flow_task_ids(tasks)
-        if not margins.early_stop or not flow_ids:
-            await self._run_watching(tasks, max(0.0, (tl.stop_ns - time.time_ns()) / 1e9))
-            return
-        while time.time_ns() < tl.stop_ns:
-            done, _ = await self.settle(flow_ids, lambda r, c: c.status())
-            if bind.flows_over(flow_ids, {r: st.tasks for r, st in done.items()}):
-                await asyncio.sleep(min(margins.grace_ns, max(0, tl.stop_ns - time.time_ns())) / 1e9)
-                break
-            await asyncio.sleep(TAIL_POLL_S)
-        clock.enter("stop")
-        _, failed = await self.settle(tasks, lambda r, c: c.stop())
-        for role, exc in failed.items():
-            log.warning("stop failed host=%s run=%s error=%s", role, run_id, exc)
+        m = timing.size_margins(timing.floors_for(self.inv.kind), rtts_ns, self.history.schedule_ns,
+                                self.history.ready_ns, base_rtt_ns=int((spec.derived.base_rtt_us or 0) * 1000))
+        if app_start_lead_ns(spec):   # an app-limited writer connects 0.8 s after the captures start, before T0
+            m = replace(m, lead_ns=max(m.lead_ns, bind.LEAD_NS))
+        return m
 
     def stored_timing(self, outcome: RunOutcome, run_timing: timing.RunTiming) -> RunOutcome:
         """The outcome with its timings, also written to the run row (the row was written during the ingest
