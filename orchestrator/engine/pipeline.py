@@ -7,9 +7,9 @@ its reset (as in run_one), then the ingest worker (engine/ingest_worker.py) fina
 already applies run n+1. What may overlap depends on where the manager runs (`overlap_policy`):
 
 - "between_flows" (netns and VM labs: the manager shares its CPUs with every testbed host): the worker is
-  held still (SIGSTOP) from PAUSE_BEFORE_T0_NS before run n+1's T0 until its captures and pollers are
-  stopped, so no ingest runs while flows are measured (G-CPULOAD, start skew), and goes on during run n+1's
-  collect, reset and run n+2's apply and clock exchange.
+  held still (SIGSTOP) from PAUSE_BEFORE_T0_NS before run n+1's T0 until its flows' scheduled end, so no
+  ingest runs while flows start or are measured (G-CPULOAD, start skew, the analysis window), and goes on
+  during run n+1's tail, collect, reset and run n+2's apply and clock exchange.
 - "full" (a physical testbed, the manager none of its hosts): the worker is never paused.
 - "serial" (TCPLAB_FIXED_MARGINS=1, the reference of bench/run_overhead.py): run_one for each job.
 

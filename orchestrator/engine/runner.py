@@ -222,7 +222,7 @@ class RunEngine:
                       hooks: Hooks | None = None) -> tuple[Path, RunRecord]:
         """Everything of a run but its ingest: apply ... reset, then its RunRecord saved with the INGEST marker
         (from there on the run is safe on disk: engine/recovery.py). `hooks.before_flows(t0)` runs once the
-        tasks are scheduled, `hooks.after_flows` once the flows and passive tasks are over (run_many keeps
+        tasks are scheduled, `hooks.after_flows` at the flows' scheduled end (run_many keeps
         the previous run's ingest off the CPUs in between: engine/pipeline.py)."""
         hooks = hooks or Hooks()
         run_dir = self.results_dir / spec.run_id
@@ -274,9 +274,9 @@ class RunEngine:
             await self.run_watching(tasks, max(0.0, (t0 - time.time_ns()) / 1e9))
             clock.enter("flows")
             await self.run_watching(tasks, max(0.0, (t0 + int(clock.timing.flows_s * 1e9) - time.time_ns()) / 1e9))
+            await hooks.after_flows()   # the analysis window is over: the tail's packets are not measured
             clock.enter("tail")
             await stop_after_flows(self, spec.run_id, tasks, tl, margins, clock)
-            await hooks.after_flows()
             clock.enter("collect")
             self.on_phase(spec.run_id, "collect")
             collected, lost = await self.settle(tasks, lambda r, c: c.collect(

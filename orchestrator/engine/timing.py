@@ -47,7 +47,7 @@ class Floors:
 FLOORS: dict[str, Floors] = {
     # one machine, agents in namespaces: control RTT ~0.1 ms, tcpdump up in ~20-80 ms when loaded
     # (a session's first tcpdump and tracefs instance took ~210 ms on a loaded 2-core machine)
-    "netns": Floors(schedule_ns=30_000_000, lead_ns=150_000_000, grace_ns=50_000_000, tail_max_ns=1_500_000_000,
+    "netns": Floors(schedule_ns=30_000_000, lead_ns=150_000_000, grace_ns=30_000_000, tail_max_ns=1_500_000_000,
                     first_lead_ns=400_000_000),
     # TCG guests: the fixed values tcplab used before it measured (2 s margin, 1.2 s lead, 1.5 s tail)
     "vm": Floors(schedule_ns=800_000_000, lead_ns=1_200_000_000, grace_ns=500_000_000,

@@ -40,7 +40,7 @@ def spec():
 
 def test_margins_without_measurements_are_the_floors_and_the_first_lead():
     m = timing.size_margins(timing.floors_for("netns"), [], [], [])
-    assert (m.schedule_ns, m.lead_ns, m.grace_ns) == (30 * MS, 400 * MS, 50 * MS)
+    assert (m.schedule_ns, m.lead_ns, m.grace_ns) == (30 * MS, 400 * MS, 30 * MS)
     assert m.start_margin_ns == 430 * MS and m.early_stop
 
 
