@@ -27,7 +27,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from orchestrator.agent_client import AgentClient, AgentError, AgentUnreachable
 from orchestrator.engine import bind, capcache, hostchecks, marker, preflight, timing, verify
 from orchestrator.engine.appbind import app_start_lead_ns
-from orchestrator.engine.stopping import Hooks, stop_after_flows, timed
+from orchestrator.engine.stopping import Hooks, timed, wait_flows_over
 from orchestrator.guards.finalise import RunOutcome, finalise_run
 from orchestrator.ingest.assemble import sender_ports
 from orchestrator.ingest.record import RunRecord
@@ -183,12 +183,16 @@ class RunEngine:
     async def reset_all(self, roles: Iterable[str]) -> list[dict]:
         """Reset every role, each on its own: reset evidence for those that answered (restored or the
         differences left), the error for those that did not."""
-        done, failed = await self.settle(roles, lambda r, c: c.reset())
-        evidence = [{"host": r, "phase": "reset", "data": res.model_dump(mode="json")} for r, res in done.items()]
-        for role, exc in failed.items():
+        return list(await asyncio.gather(*(self.reset_one(r, self.clients[r]) for r in roles)))
+
+    async def reset_one(self, role: str, client: AgentClient) -> dict:
+        """One host's reset evidence; an unreachable host's error in it (never raises AgentError)."""
+        try:
+            res = await client.reset()
+        except AgentError as exc:
             log.error("reset failed host=%s error=%s", role, exc)
-            evidence.append({"host": role, "phase": "reset", "data": {"restored": False, "error": str(exc)}})
-        return evidence
+            return {"host": role, "phase": "reset", "data": {"restored": False, "error": str(exc)}}
+        return {"host": role, "phase": "reset", "data": res.model_dump(mode="json")}
 
     async def run_watching(self, roles: Iterable[str], seconds: float) -> None:
         """Sleep while the flows run, but fail the run as soon as a host's control connection is lost (agent
@@ -235,6 +239,7 @@ class RunEngine:
         artifacts: dict[str, list[dict]] = {}
         error = None
         evidence: list[dict] = []
+        reset_done: set[str] = set()
         try:
             clock.enter("apply")
             await self.reconnect_lost()
@@ -276,11 +281,30 @@ class RunEngine:
             await self.run_watching(tasks, max(0.0, (t0 + int(clock.timing.flows_s * 1e9) - time.time_ns()) / 1e9))
             await hooks.after_flows()   # the analysis window is over: the tail's packets are not measured
             clock.enter("tail")
-            await stop_after_flows(self, spec.run_id, tasks, tl, margins, clock)
-            clock.enter("collect")
+            await wait_flows_over(self, tasks, tl, margins)
             self.on_phase(spec.run_id, "collect")
-            collected, lost = await self.settle(tasks, lambda r, c: c.collect(
-                protocol.CollectArgs(run_id=spec.run_id, timeout_s=60), sink=run_dir / r))
+            clock.enter("stop")
+            ends: dict[str, list[float]] = {}
+
+            async def finish(role: str, client: AgentClient) -> protocol.CollectResult:
+                """This host's stop, collect and reset in a row, each host on its own: a host that has sent
+                its artifacts is reset while the others still send theirs."""
+                try:
+                    if margins.early_stop:
+                        await client.stop()
+                    ends[role] = [time.monotonic()]
+                    res = await client.collect(protocol.CollectArgs(run_id=spec.run_id, timeout_s=60),
+                                               sink=run_dir / role)
+                    ends[role].append(time.monotonic())
+                    return res
+                finally:
+                    evidence.append(await self.reset_one(role, client))
+                    reset_done.add(role)
+
+            collected, lost = await self.settle(tasks, finish)
+            # the steps' ends on the critical path: the last host to finish each
+            clock.divide(("stop", "collect", "reset"), [max((e[i] for e in ends.values() if len(e) > i), default=0.0)
+                                                        for i in range(2)])
             failed = [str(exc) for exc in lost.values()]
             for role, res in collected.items():   # what the others sent is kept, also when one host failed
                 artifacts[role] = [a.model_dump(mode="json") for a in res.artifacts]
@@ -297,9 +321,10 @@ class RunEngine:
             log.error("run failed run=%s error=%s", spec.run_id, error)
         finally:
             await hooks.after_flows()
-            clock.enter("reset")
-            self.on_phase(spec.run_id, "reset")
-            evidence += await self.reset_all(states)
+            if set(states) - reset_done:   # failed before its end, or a host without tasks
+                clock.enter("reset")
+                self.on_phase(spec.run_id, "reset")
+                evidence += await self.reset_all([r for r in states if r not in reset_done])
         clock.enter("save")
         record = RunRecord(run=self.run_row(spec, plan_row, t0, started, error, flags, clock.timing), plan=plan_row,
                            flows=self.flow_rows(spec, run_dir if error is None else None), evidence=evidence,

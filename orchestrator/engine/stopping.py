@@ -1,9 +1,8 @@
-"""The end of a run's measurement (effects): the engine's hooks around it, and the early stop of the passive
-tasks once the flows are over (docs/architecture.md, "Timeline of a run")."""
+"""The end of a run's measurement (effects): the engine's hooks around it, and the wait for the flows to be
+over before the passive tasks are stopped (docs/architecture.md, "Timeline of a run")."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -14,7 +13,6 @@ from orchestrator.engine import bind, timing
 if TYPE_CHECKING:
     from orchestrator.engine.runner import RunEngine
 
-log = logging.getLogger("tcplab.manager")
 TAIL_POLL_S = 0.02        # how often the senders are asked whether their flows are over
 
 
@@ -36,11 +34,11 @@ async def timed(op: Awaitable) -> int:
     return time.monotonic_ns() - began
 
 
-async def stop_after_flows(engine: RunEngine, run_id: str, tasks: dict[str, list], tl: bind.Timeline,
-                           margins: timing.Margins, clock: timing.PhaseClock) -> None:
+async def wait_flows_over(engine: RunEngine, tasks: dict[str, list], tl: bind.Timeline,
+                          margins: timing.Margins) -> None:
     """After the flows' scheduled end: wait until every flow task is done (its connections closed on the
-    sender), then `grace` (the final ACK crossing the capture host), then stop every host's passive tasks.
-    Without early stop, or when the flows are not done by stop_ns, the tasks end at their stop_ns."""
+    sender), then `grace` (the final ACK crossing the capture host); the engine then stops every host's passive
+    tasks. Without early stop, or when the flows are not done by stop_ns, until the tasks' stop_ns."""
     flow_ids = bind.flow_task_ids(tasks)
     if not margins.early_stop or not flow_ids:
         await engine.run_watching(tasks, max(0.0, (tl.stop_ns - time.time_ns()) / 1e9))
@@ -49,9 +47,5 @@ async def stop_after_flows(engine: RunEngine, run_id: str, tasks: dict[str, list
         done, _ = await engine.settle(flow_ids, lambda r, c: c.status())
         if bind.flows_over(flow_ids, {r: st.tasks for r, st in done.items()}):
             await asyncio.sleep(min(margins.grace_ns, max(0, tl.stop_ns - time.time_ns())) / 1e9)
-            break
+            return
         await asyncio.sleep(TAIL_POLL_S)
-    clock.enter("stop")
-    _, failed = await engine.settle(tasks, lambda r, c: c.stop())
-    for role, exc in failed.items():
-        log.warning("stop failed host=%s run=%s error=%s", role, run_id, exc)

@@ -69,6 +69,18 @@ class PhaseClock:
     def add(self, phase: str, seconds: float) -> None:
         self.timing.phases[phase] = self.timing.phases.get(phase, 0.0) + seconds
 
+    def divide(self, phases: tuple[str, ...], cuts: list[float]) -> None:
+        """End the current phase now, its time divided among `phases` at the `cuts` (monotonic times, one
+        fewer than phases; each held inside the phase's span and after the previous cut)."""
+        t = self._now()
+        bounds = [self._last]
+        for c in cuts:
+            bounds.append(min(t, max(bounds[-1], c)))
+        bounds.append(t)
+        for name, a, b in zip(phases, bounds, bounds[1:], strict=True):
+            self.timing.phases[name] = self.timing.phases.get(name, 0.0) + (b - a)
+        self._phase, self._last = None, t
+
     def close(self) -> None:
         """End the current phase; wall = from the first mark to now."""
         self.enter(None)

@@ -130,3 +130,18 @@ def test_listening_and_open_connections_on_real_proc_net_tcp():
     assert open_connections(listen, 5299) == 0
     assert open_connections(running, 5299) == 2          # the client's control and data connections
     assert open_connections(after, 5299) == 0            # gone or in TIME_WAIT
+
+
+def test_a_phase_divided_at_the_last_hosts_step_ends():
+    now = iter([0.0, 1.0, 2.0]).__next__
+    t = timing.RunTiming()
+    clock = timing.PhaseClock(t, now=now)      # began at 0.0
+    clock.enter("stop")                        # 1.0
+    clock.divide(("stop", "collect", "reset"), [1.1, 1.7])   # now 2.0
+    assert t.phases == pytest.approx({"stop": 0.1, "collect": 0.6, "reset": 0.3})
+    now2 = iter([0.0, 1.0, 2.0]).__next__
+    t2 = timing.RunTiming()
+    clock2 = timing.PhaseClock(t2, now=now2)
+    clock2.enter("stop")
+    clock2.divide(("stop", "collect", "reset"), [0.0, 0.0])  # no host got past its stop: all reset
+    assert t2.phases == pytest.approx({"stop": 0.0, "collect": 0.0, "reset": 1.0})
