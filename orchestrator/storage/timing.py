@@ -77,7 +77,7 @@ class PhaseClock:
         for c in cuts:
             bounds.append(min(t, max(bounds[-1], c)))
         bounds.append(t)
-        for name, a, b in zip(phases, bounds, bounds[1:], strict=True):
+        for name, a, b in zip(phases, bounds[:-1], bounds[1:], strict=True):
             self.timing.phases[name] = self.timing.phases.get(name, 0.0) + (b - a)
         self._phase, self._last = None, t
 
