@@ -11,7 +11,8 @@ PROC_TCP = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
 LISTEN = 0x0A
 # a connection is over for the capture once it is gone or in TIME_WAIT (both FINs sent and acknowledged)
 CLOSED_STATES = frozenset({0x06, 0x07})   # TIME_WAIT, CLOSE
-POLL_S = 0.005
+POLL_S = 0.005         # a server's listening socket: during the lead, before any flow
+CLOSE_POLL_S = 0.01    # a flow's close: other flows may still run on this host (a slow guest feels every read)
 
 
 def _rows(text: str) -> list[tuple[int, int, int]]:
@@ -50,8 +51,8 @@ def read_proc_tcp() -> str:
     return "\n".join([parts[0]] + ["\n".join(p.splitlines()[1:]) for p in parts[1:]]) if parts else ""
 
 
-async def wait_for(check, timeout_s: float) -> int | None:
-    """Poll `check(text of /proc/net/tcp{,6})` every POLL_S until it holds: the CLOCK_REALTIME ns it first
+async def wait_for(check, timeout_s: float, poll_s: float = POLL_S) -> int | None:
+    """Poll `check(text of /proc/net/tcp{,6})` every `poll_s` until it holds: the CLOCK_REALTIME ns it first
     held, None when `timeout_s` passed first."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -59,4 +60,4 @@ async def wait_for(check, timeout_s: float) -> int | None:
             return time.time_ns()
         if time.monotonic() > deadline:
             return None
-        await asyncio.sleep(POLL_S)
+        await asyncio.sleep(poll_s)

@@ -19,7 +19,7 @@ from agents.children import spawn
 from agents.events import EventRunner
 from agents.ktrace import KernelTrace
 from agents.samplers import CpuLoad, QdiscStats, SsSample, TcpProbe
-from agents.sockets import listening, open_connections, wait_for
+from agents.sockets import CLOSE_POLL_S, listening, open_connections, wait_for
 from agents.taskbase import TaskRunner
 from schemas import procs
 
@@ -119,7 +119,7 @@ class Iperf3Client(_ProcessTask):
         drains through the bottleneck. The manager stops the captures after this (plus the path's delay),
         so the capture holds every flow's final FIN and ACK."""
         self.meta["exited_ns"] = time.time_ns()
-        closed = await wait_for(lambda text: open_connections(text, self.spec.port) == 0, CLOSE_WAIT_S)
+        closed = await wait_for(lambda text: open_connections(text, self.spec.port) == 0, CLOSE_WAIT_S, CLOSE_POLL_S)
         if closed is None:
             self.meta["closed_ns"] = None
             self.meta["close_note"] = f"connections to port {self.spec.port} still open {CLOSE_WAIT_S:g} s after exit"
