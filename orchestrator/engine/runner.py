@@ -289,6 +289,7 @@ class RunEngine:
             async def finish(role: str, client: AgentClient) -> protocol.CollectResult:
                 """This host's stop, collect and reset in a row, each host on its own: a host that has sent
                 its artifacts is reset while the others still send theirs."""
+                began = time.monotonic()
                 try:
                     if margins.early_stop:
                         await client.stop()
@@ -300,6 +301,9 @@ class RunEngine:
                 finally:
                     evidence.append(await self.reset_one(role, client))
                     reset_done.add(role)
+                    marks = [began, *ends.get(role, []), time.monotonic()]
+                    log.info("run end host=%s run=%s ms=%s", role, spec.run_id,
+                             "/".join(f"{(b - a) * 1000:.0f}" for a, b in zip(marks, marks[1:], strict=False)))
 
             collected, lost = await self.settle(tasks, finish)
             # the steps' ends on the critical path: the last host to finish each
