@@ -167,7 +167,7 @@ class EventRunner(TaskRunner):
         for peer in self.peers:
             if peer.task_id in wanted:
                 stopped.append({"task_id": peer.task_id, "state": peer.state})
-                peer.stop_event.set()
+                peer.request_stop()
         return {"issued_ns": issued, "returned_ns": time.time_ns(), "stopped": stopped,
                 "missing": sorted(wanted - {p.task_id for p in self.peers})}
 

@@ -11,7 +11,7 @@ import time
 from agents.children import spawn
 from agents.host.argv import tc_handle
 from agents.host.capabilities import tracefs_root
-from agents.taskbase import TaskRunner, missed_remark, next_beat, realtime_minus_mono_ns, sleep_until
+from agents.taskbase import TaskRunner, missed_remark, next_beat, realtime_minus_mono_ns
 from schemas import procs
 from schemas.qdiscs import decoded_xstats
 
@@ -38,7 +38,8 @@ class TcpProbe(TaskRunner):
             (ev / "filter").write_text(self.filter_expr())
             self.meta["offset_start_ns"] = realtime_minus_mono_ns()
             (ev / "enable").write_text("1")
-            await sleep_until(self.spec.stop_ns)
+            self.meta["ready_ns"] = time.time_ns()
+            await self.until_stop(self.spec.stop_ns)
             (ev / "enable").write_text("0")
             self.meta["offset_end_ns"] = realtime_minus_mono_ns()
             self.meta["trace_clock"] = "mono"
@@ -86,7 +87,7 @@ class QdiscStats(TaskRunner):
                                  f"{queue['qlen']}\n")
                 nxt, overran = next_beat(nxt, time.time_ns(), interval, self.spec.stop_ns)
                 missed += overran
-                time.sleep(max(0.0, (min(nxt, self.spec.stop_ns) - time.time_ns()) / 1e9))
+                self.stop_flag.wait(max(0.0, (min(nxt, self.spec.stop_ns) - time.time_ns()) / 1e9))
         (self.run_dir / self.out_name).write_text("".join(lines))
         self.meta.update({"samples": len(lines) - 1, "polls": polls, "missed": missed})
         self.detail = missed_remark(polls, missed, self.spec.interval_ms)
@@ -184,7 +185,7 @@ class CpuLoad(TaskRunner):
                 out.write(f"@ {ts}\n" + "\n".join(lines) + "\n")
                 samples += 1
                 nxt += interval
-                time.sleep(max(0.0, (nxt - time.time_ns()) / 1e9))
+                self.stop_flag.wait(max(0.0, (nxt - time.time_ns()) / 1e9))
         self.meta.update({"samples": samples, "interval_ms": self.spec.interval_ms})
 
     async def execute(self) -> None:

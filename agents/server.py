@@ -290,7 +290,7 @@ class Agent:
 
     async def _stop_tasks(self) -> None:
         for r in self.runners:
-            r.stop_event.set()
+            r.request_stop()
         if self.jobs:
             await asyncio.wait(self.jobs, timeout=15)
         for j in self.jobs:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,12 @@ class TaskRunner:
         self.guard: str | None = None   # the guard a remark on a finished task belongs to
         self.meta: dict[str, Any] = {}
         self.stop_event = asyncio.Event()
+        self.stop_flag = threading.Event()   # the same, for the samplers' threads (they sleep on it)
+
+    def request_stop(self) -> None:
+        """Stop the task now (the `stop` and `reset` ops, a peer event): wakes its coroutine and its thread."""
+        self.stop_event.set()
+        self.stop_flag.set()
 
     @property
     def task_id(self) -> str:
@@ -104,6 +111,16 @@ class TaskRunner:
     def artifacts(self) -> list[tuple[Path, str]]:
         path = self.run_dir / self.out_name
         return [(path, self.artifact_kind or self.kind)] if self.out_name and path.exists() else []
+
+    async def until_stop(self, deadline_ns: int) -> None:
+        """Sleep until `deadline_ns` or until the manager stops the task (the `stop` op once the flows are
+        over): a passive task ends as soon as the run no longer needs it, its stop_ns is only the bound."""
+        delay = (deadline_ns - time.time_ns()) / 1e9
+        if delay > 0 and not self.stop_event.is_set():
+            try:
+                await asyncio.wait_for(self.stop_event.wait(), delay)
+            except TimeoutError:
+                pass
 
     def status(self) -> protocol.TaskStatus:
         return protocol.TaskStatus(task_id=self.task_id, kind=self.kind, state=self.state, detail=self.detail,

@@ -19,7 +19,8 @@ from agents.children import spawn
 from agents.events import EventRunner
 from agents.ktrace import KernelTrace
 from agents.samplers import CpuLoad, QdiscStats, SsSample, TcpProbe
-from agents.taskbase import TaskRunner, sleep_until
+from agents.sockets import CLOSE_POLL_S, listening, open_connections, wait_for
+from agents.taskbase import TaskRunner
 from schemas import procs
 
 
@@ -56,6 +57,18 @@ class Iperf3Server(_ProcessTask):
 
     def argv(self) -> list[str]:
         return ["iperf3", "-s", "-1", "-J", "-p", str(self.spec.port)]
+
+    async def execute(self) -> None:
+        # when the port listens (ready_ns) tells the manager how long this host takes to get ready: the next
+        # run's lead is sized from it (orchestrator/engine/timing.py)
+        watch = asyncio.ensure_future(wait_for(lambda text: listening(text, self.spec.port), READY_WAIT_S))
+        try:
+            await super().execute()
+        finally:
+            ready = await watch if watch.done() else None
+            watch.cancel()
+        if ready is not None:
+            self.meta["ready_ns"] = ready
 
 
 class Iperf3Client(_ProcessTask):
@@ -98,8 +111,24 @@ class Iperf3Client(_ProcessTask):
             raise RuntimeError(f"{where}: {error}")
         if error:
             self.detail = f"{where} ended abnormally after sending: {error}"
+        await self.wait_closed()
+
+    async def wait_closed(self) -> None:
+        """The task ends when the flow's connections are closed on this host (gone or TIME_WAIT: the FINs of
+        both sides sent and acknowledged), not when iperf3 exits: a socket closed with unsent data still
+        drains through the bottleneck. The manager stops the captures after this (plus the path's delay),
+        so the capture holds every flow's final FIN and ACK."""
+        self.meta["exited_ns"] = time.time_ns()
+        closed = await wait_for(lambda text: open_connections(text, self.spec.port) == 0, CLOSE_WAIT_S, CLOSE_POLL_S)
+        if closed is None:
+            self.meta["closed_ns"] = None
+            self.meta["close_note"] = f"connections to port {self.spec.port} still open {CLOSE_WAIT_S:g} s after exit"
+        else:
+            self.meta["closed_ns"] = closed
 
 
+READY_WAIT_S = 5.0      # how long a server's listening socket is looked for (its absence is only not reported)
+CLOSE_WAIT_S = 3.0      # how long a client task waits for its flow's connections to close after iperf3 exits
 CONNECT_GRACE_NS = 1_000_000_000
 CONNECT_RETRY_S = 0.05
 
@@ -139,16 +168,19 @@ class Capture(TaskRunner):
 
     def argv(self) -> list[str]:
         s = self.spec
+        # --immediate-mode: libpcap then uses TPACKET_V2 (no TPACKET_V3 block held back until its 1 s timeout
+        # retires it, and lost at SIGTERM), so a packet is written as it arrives and the run's tail needs no
+        # second to flush the final ACKs and FINs
         return ["tcpdump", "-i", s.interface, "-n", "-s", str(s.snaplen), "--time-stamp-precision", "nano",
-                "-B", str(s.buffer_kib), "-w", str(self.run_dir / self.out_name)]
+                "--immediate-mode", "-B", str(s.buffer_kib), "-w", str(self.run_dir / self.out_name)]
 
     async def execute(self) -> None:
         proc = await spawn(self.argv(), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
         assert proc.stderr is not None
         first = await asyncio.wait_for(proc.stderr.readline(), 10)  # "listening on IF ..." = capturing
-        self.meta["started_ns"] = time.time_ns()
+        self.meta["started_ns"] = self.meta["ready_ns"] = time.time_ns()
         self.meta["banner"] = first.decode(errors="replace").strip()
-        await sleep_until(self.spec.stop_ns)
+        await self.until_stop(self.spec.stop_ns)
         await procs.terminate(proc)
         rest = (await proc.stderr.read()).decode(errors="replace")
         self.meta.update({"interface": self.spec.interface, "snaplen": self.spec.snaplen,

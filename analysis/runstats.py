@@ -45,6 +45,7 @@ class FlowResult:
     alpha: m.AlphaSummary | None         # None: no ss samples with a DCTCP alpha
     convergence_s: float                 # NaN: not reached (censored) or not computable
     convergence_rtts: float
+    start_skew_ns: int | None = None     # M-STARTSKEW (None: no capture saw the flow's SYN)
 
 
 @dataclass(frozen=True)
@@ -186,7 +187,7 @@ def analyse(data: RunData) -> RunAnalysis:
             srtt=m.summary_stats(data.probe["srtt_us"][pm]), cwnd=m.summary_stats(data.probe["snd_cwnd"][pm]),
             signals=m.signal_rates(p, own_q, w0, w1), completion=completion,
             gaps_us=gap_stats, retransmissions=retx, alpha=alpha, convergence_s=conv_s,
-            convergence_rtts=conv_rtts))
+            convergence_rtts=conv_rtts, start_skew_ns=f.start_skew_ns))
 
     util = None
     if rate and not window.empty:

@@ -43,6 +43,7 @@ class RunRow:
     qdisc_handle: str | None              # bottleneck qdisc the backlog was read from
     window: metrics.Window                # the run's analysis window (its rule is printed with every table)
     t0_ns: int                            # the run's T0 (its first packet when T0 is unknown)
+    start_skew_ns: tuple[int | None, ...] = ()   # M-STARTSKEW per flow, in flow_id order (None: not measured)
 
 
 def flow_spans(data: RunData) -> dict[int, tuple[int, int]]:
@@ -102,6 +103,7 @@ def summarise(data: RunData, advances: dict[int, tuple[np.ndarray, np.ndarray]] 
         drops=backlog.drops if backlog.samples else None,
         mean_cwnd=float(np.mean(cwnds)) if cwnds else math.nan,
         point=data.meta.capture_point, qdisc_handle=data.qdisc_handle, window=window, t0_ns=t0,
+        start_skew_ns=tuple(f.start_skew_ns for f in data.flows),
     )
 
 
@@ -157,6 +159,8 @@ COLUMNS: tuple[ColumnDef, ...] = (
     ColumnDef("backlog p99 pkts", lambda r: fmt_num(r.backlog_p99_packets, ".1f")),
     ColumnDef("drops", lambda r: fmt_num(r.drops, "d")),
     ColumnDef("mean cwnd", lambda r: fmt_num(r.mean_cwnd, ".1f")),
+    ColumnDef("start skew ms", lambda r: " ".join(fmt_num(s / 1e6 if s is not None else None, ".1f")
+                                                   for s in r.start_skew_ns) or "–"),
 )
 """Display columns (KB = 1000 bytes; '–' = no data)."""
 

@@ -186,15 +186,18 @@ def flows_table(results: Sequence[RunAnalysis]) -> Table:
                          f.rtt.n, f.rtt.median, f.rtt.p95, f.srtt.mean, f.cwnd.mean, f.cwnd.max,
                          f.signals.ce_fraction, f.signals.aqm_marked, f.signals.aqm_dropped, f.retransmissions,
                          c.fct_ns / 1e9, c.censored, f.gaps_us.median, f.gaps_us.p99,
-                         f.alpha.time_weighted_mean if f.alpha else None, f.convergence_s, f.convergence_rtts))
+                         f.alpha.time_weighted_mean if f.alpha else None, f.convergence_s, f.convergence_rtts,
+                         f.start_skew_ns / 1e6 if f.start_skew_ns is not None else None))
     cols = ("run_id", "flow_id", "cc", "src_port", "dst_port", "goodput_bps", *_stats_cols("qdelay_us"),
             "rtt_samples", "rtt_median_us", "rtt_p95_us", "srtt_mean_us", "cwnd_mean", "cwnd_max",
             "ce_fraction", "aqm_marked", "aqm_dropped", "retransmissions", "fct_s", "fct_censored",
-            "gap_median_us", "gap_p99_us", "dctcp_alpha_mean", "convergence_s", "convergence_rtts")
+            "gap_median_us", "gap_p99_us", "dctcp_alpha_mean", "convergence_s", "convergence_rtts",
+            "start_skew_ms")
     return Table("flows", "Flows", cols, tuple(_clean(row) for row in rows),
                  note="goodput, queue delay, RTT, srtt, cwnd, marks, drops, gaps and DCTCP alpha over each run's "
                       "analysis window (runs_detail: window); FCT and convergence over the whole run, from the "
-                      "flow's first packet")
+                      "flow's first packet; start_skew_ms: the flow's first SYN minus its scheduled start "
+                      "(M-STARTSKEW)")
 
 
 def series_tables(results: Sequence[RunAnalysis]) -> list[Table]:

@@ -19,11 +19,12 @@ from orchestrator.plan import RunSpec
 from schemas import protocol
 from schemas.hoststate import HostState, InterfaceState
 
-# iperf3 servers must listen before the clients connect: a loaded TCG guest once took more than 0.7 s to
-# start one (the client got "Connection refused", which iperf3 -J reports with exit code 0)
+# The defaults (the engine sizes both per run from measurements, engine/timing.py): iperf3 servers must listen
+# before the clients connect, and a loaded TCG guest once took more than 0.7 s to start one (the client got
+# "Connection refused", which iperf3 -J reports with exit code 0)
 LEAD_NS = 1_200_000_000
-# > libpcap's TPACKET_V3 block timeout (tcpdump: 1000 ms): a partly filled block is handed to tcpdump only
-# when it retires, and SIGTERM does not flush it, so the final ACKs and FINs need this long (G-CAPTURE)
+# the passive tasks' bound after the last flow's end; the engine stops them earlier, once the flows'
+# connections are closed (captures run in --immediate-mode: nothing waits for libpcap's block timeout)
 TAIL_NS = 1_500_000_000
 
 
@@ -75,9 +76,34 @@ def _last_flow_end_s(spec: RunSpec) -> float:
     return max((f.start_s + f.duration_s for f in spec.flows), default=spec.duration_s)
 
 
-def timeline(spec: RunSpec, t0_ns: int) -> Timeline:
+def timeline(spec: RunSpec, t0_ns: int, lead_ns: int = LEAD_NS, tail_ns: int = TAIL_NS) -> Timeline:
+    """`lead_ns`, `tail_ns`: sized per run by the engine (engine/timing.py); the defaults are the bounds a run
+    without measurements gets."""
     end_ns = t0_ns + int(_last_flow_end_s(spec) * 1e9)
-    return Timeline(t0_ns=t0_ns, start_ns=t0_ns - LEAD_NS, stop_ns=end_ns + TAIL_NS)
+    return Timeline(t0_ns=t0_ns, start_ns=t0_ns - lead_ns, stop_ns=end_ns + tail_ns)
+
+
+def flows_s(spec: RunSpec) -> float:
+    """The flows' own planned duration: T0 to the last flow's scheduled end."""
+    return _last_flow_end_s(spec)
+
+
+FLOW_TASK_KINDS = ("iperf3_client", "app_writer")
+
+
+def flow_task_ids(tasks: dict[str, list]) -> dict[str, list[str]]:
+    """Per role, the ids of the tasks that are the flows themselves (the others are passive): the engine
+    stops the passive tasks once these are done."""
+    out = {role: [t.task_id for t in ts if t.kind in FLOW_TASK_KINDS] for role, ts in tasks.items()}
+    return {role: ids for role, ids in out.items() if ids}
+
+
+def flows_over(flow_ids: dict[str, list[str]], statuses: dict[str, list[protocol.TaskStatus]]) -> bool:
+    """Whether every flow task of every role has ended (done or failed), from the roles' `status` answers."""
+    if set(flow_ids) - set(statuses):
+        return False
+    states = {(r, t.task_id): t.state for r, ts in statuses.items() for t in ts}
+    return all(states.get((r, i)) in ("done", "failed") for r, ids in flow_ids.items() for i in ids)
 
 
 CPU_LOAD_INTERVAL_MS = 100

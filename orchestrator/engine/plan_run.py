@@ -10,6 +10,7 @@ start; 5 another manager is running; 6 the database unreachable at start.
 from __future__ import annotations
 
 import datetime as dt
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -96,6 +97,8 @@ async def run_plan(plan_path: Path, db_url: str | None, inventory: Path | None, 
         console.print(f"cannot start: {exc}", style="red", markup=False)
         return 4
     async with engine:
+        if os.environ.get("TCPLAB_FIXED_MARGINS") != "1":
+            await engine.start_ingest_worker()   # imports while recovery and preflight run (engine/pipeline.py)
         try:
             for outcome in await recover(engine):
                 console.print(f"recovered run {outcome.run_id}: {outcome.status}"
@@ -123,16 +126,18 @@ async def run_plan(plan_path: Path, db_url: str | None, inventory: Path | None, 
             def on_phase(run_id: str, phase: str) -> None:
                 progress.update(bar, phase=f"{run_id}: {phase}")
 
-            engine.on_phase = on_phase
-            for spec in runnable:
-                outcome = await engine.run_one(spec, plan_row)
-                outcomes.append(outcome)
+            def on_outcome(outcome: RunOutcome) -> None:
                 progress.advance(bar)
                 if outcome.status != "complete":
                     what = "not stored" if outcome.status == PENDING else "failed"
-                    console.print(f"run {spec.run_id} {what}: {outcome.error}", style="red", markup=False)
+                    console.print(f"run {outcome.run_id} {what}: {outcome.error}", style="red", markup=False)
                 for flag in outcome.flags:
-                    console.print(f"flag {spec.run_id}: {flag}", style="yellow", markup=False)
+                    console.print(f"flag {outcome.run_id}: {flag}", style="yellow", markup=False)
+                if outcome.timing is not None:
+                    console.print(f"run {outcome.run_id}: {outcome.timing.line()}", markup=False)
+
+            engine.on_phase = on_phase
+            outcomes += await engine.run_many([(spec, plan_row) for spec in runnable], on_outcome)
     console.print(summary_line(outcomes, skipped), markup=False)
     ended = {o.run_id for o in outcomes if o.status in ("complete", "failed")}   # refused ones have no data
     shown = [s.run_id for s in in_scope if s.run_id in done or s.run_id in ended]

@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import os
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -23,27 +25,28 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from orchestrator.agent_client import AgentClient, AgentError, AgentUnreachable
-from orchestrator.engine import bind, capcache, hostchecks, marker, preflight, verify
+from orchestrator.engine import bind, capcache, hostchecks, marker, preflight, timing, verify
 from orchestrator.engine.appbind import app_start_lead_ns
 from orchestrator.engine.provenance import Provenance
+from orchestrator.engine.stopping import Hooks, timed, wait_flows_over
 from orchestrator.guards.finalise import RunOutcome, finalise_run
 from orchestrator.ingest.assemble import sender_ports
 from orchestrator.ingest.record import RunRecord
 from orchestrator.inventory import Inventory
 from orchestrator.plan import RunSpec
 from orchestrator.storage.run_ingest import IngestError, RunIngest
+from orchestrator.storage.timing import store_timing
 from orchestrator.storage.writer import write_run
 from schemas import protocol
 from schemas.flag import Flag
 
 log = logging.getLogger("tcplab.manager")
-START_MARGIN_NS = 2_000_000_000
 RECONNECT_WAIT_S = 20.0   # an agent restarted by its supervisor answers within a few seconds
 Phase = Callable[[str, str], None]
 DB_ERRORS = (SQLAlchemyError, psycopg.Error, IngestError)
 R = TypeVar("R")
 
-__all__ = ["RunEngine", "RunFailed", "RunOutcome"]
+__all__ = ["Hooks", "RunEngine", "RunFailed", "RunOutcome"]
 # the run's outcome when the database refused the write: the run is on disk, `tcplab ingest --pending` retries
 PENDING = "pending"
 
@@ -76,6 +79,8 @@ class RunEngine:
         self.on_phase = on_phase or (lambda run_id, phase: None)
         self.clients: dict[str, AgentClient] = {}
         self.hellos: dict[str, protocol.HelloResult] = {}
+        self.history = timing.History()   # schedule op and readiness latencies of the recent runs
+        self.ingest_worker = None          # engine/ingest_worker.py, once run_many (or start_ingest_worker) needs it
 
     @property
     def caps(self) -> dict[str, protocol.Capabilities]:
@@ -94,7 +99,19 @@ class RunEngine:
             log.info("connected host=%s kernel=%s", role, self.hellos[role].capabilities.kernel_release)
 
     async def close(self) -> None:
+        if self.ingest_worker is not None:
+            await self.ingest_worker.close()
+            self.ingest_worker = None
         await asyncio.gather(*(c.close() for c in self.clients.values()), return_exceptions=True)
+
+    async def start_ingest_worker(self) -> None:
+        """Start the ingest worker run_many overlaps the runs' ingests with (its imports take about a second of
+        CPU: started early, e.g. before recovery and preflight, they are done by the first ingest)."""
+        from orchestrator.engine.ingest_worker import IngestWorker
+
+        if self.ingest_worker is None:
+            self.ingest_worker = IngestWorker(self.db.url.render_as_string(hide_password=False))
+            await self.ingest_worker.start()
 
     async def __aenter__(self) -> RunEngine:
         await self.connect_all()
@@ -169,14 +186,18 @@ class RunEngine:
     async def reset_all(self, roles: Iterable[str]) -> list[dict]:
         """Reset every role, each on its own: reset evidence for those that answered (restored or the
         differences left), the error for those that did not."""
-        done, failed = await self.settle(roles, lambda r, c: c.reset())
-        evidence = [{"host": r, "phase": "reset", "data": res.model_dump(mode="json")} for r, res in done.items()]
-        for role, exc in failed.items():
-            log.error("reset failed host=%s error=%s", role, exc)
-            evidence.append({"host": role, "phase": "reset", "data": {"restored": False, "error": str(exc)}})
-        return evidence
+        return list(await asyncio.gather(*(self.reset_one(r, self.clients[r]) for r in roles)))
 
-    async def _run_watching(self, roles: Iterable[str], seconds: float) -> None:
+    async def reset_one(self, role: str, client: AgentClient) -> dict:
+        """One host's reset evidence; an unreachable host's error in it (never raises AgentError)."""
+        try:
+            res = await client.reset()
+        except AgentError as exc:
+            log.error("reset failed host=%s error=%s", role, exc)
+            return {"host": role, "phase": "reset", "data": {"restored": False, "error": str(exc)}}
+        return {"host": role, "phase": "reset", "data": res.model_dump(mode="json")}
+
+    async def run_watching(self, roles: Iterable[str], seconds: float) -> None:
         """Sleep while the flows run, but fail the run as soon as a host's control connection is lost (agent
         killed, stopped answering pings) rather than at collect time."""
         clients = {r: self.clients[r] for r in roles}
@@ -195,6 +216,22 @@ class RunEngine:
                                    + (f"; also {', '.join(lost[1:])}" if lost[1:] else ""))
 
     async def run_one(self, spec: RunSpec, plan_row: dict | None) -> RunOutcome:
+        """One run from apply to stored, in series; the outcome carries its phase timings."""
+        run_timing = timing.RunTiming(flows_s=bind.flows_s(spec))
+        clock = timing.PhaseClock(run_timing)
+        run_dir, record = await self.execute(spec, plan_row, clock)
+        clock.enter("ingest")
+        outcome = await self.ingest(run_dir, record)
+        clock.close()
+        return self.stored_timing(outcome, run_timing)
+
+    async def execute(self, spec: RunSpec, plan_row: dict | None, clock: timing.PhaseClock,
+                      hooks: Hooks | None = None) -> tuple[Path, RunRecord]:
+        """Everything of a run but its ingest: apply ... reset, then its RunRecord saved with the INGEST marker
+        (from there on the run is safe on disk: engine/recovery.py). `hooks.before_flows(t0)` runs once the
+        tasks are scheduled, `hooks.after_flows` at the flows' scheduled end (run_many keeps
+        the previous run's ingest off the CPUs in between: engine/pipeline.py)."""
+        hooks = hooks or Hooks()
         run_dir = self.results_dir / spec.run_id
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "runspec.json").write_text(spec.model_dump_json(indent=2))
@@ -205,7 +242,9 @@ class RunEngine:
         artifacts: dict[str, list[dict]] = {}
         error = None
         evidence: list[dict] = []
+        reset_done: set[str] = set()
         try:
+            clock.enter("apply")
             await self.reconnect_lost()
             evidence = [{"host": r, "phase": "hello", "data": self.hellos[r].model_dump(mode="json")}
                         for r in states]
@@ -220,41 +259,119 @@ class RunEngine:
             flags += hostchecks.line_rate_flags(spec, self.caps, self.inv)
             if diffs:
                 raise RunFailed("read-back differs from the plan:\n  " + "\n  ".join(diffs))
-            for role, client in self.clients.items():
-                offset, rtt = await client.clock_offset_ns()
-                evidence.append({"host": role, "phase": "clock", "data": {"offset_ns": offset, "rtt_ns": rtt}})
-            t0 = time.time_ns() + START_MARGIN_NS + app_start_lead_ns(spec)
-            tl = bind.timeline(spec, t0)
+            clock.enter("clock")
+            offsets = await self._each(self.clients, lambda r, c: c.clock_offset_ns())   # hosts concurrently
+            for role in self.clients:
+                evidence.append({"host": role, "phase": "clock",
+                                 "data": {"offset_ns": offsets[role][0], "rtt_ns": offsets[role][1]}})
+            clock.enter("schedule")
+            margins = self.margins(spec, [rtt for _, rtt in offsets.values()])
+            clock.timing.margins = {"schedule_s": margins.schedule_ns / 1e9, "lead_s": margins.lead_ns / 1e9,
+                                    "grace_s": margins.grace_ns / 1e9, "tail_max_s": margins.tail_max_ns / 1e9}
+            t0 = time.time_ns() + margins.start_margin_ns + app_start_lead_ns(spec)
+            tl = bind.timeline(spec, t0, margins.lead_ns, margins.tail_max_ns)
             boot_ids = {r: self.caps[r].boot_id for r in self.inv.hosts}
             tasks = bind.schedule_tasks(spec, self.inv, tl, boot_ids)
             self.on_phase(spec.run_id, "schedule")
-            await self._each(tasks, lambda r, c: c.schedule(protocol.ScheduleArgs(run_id=spec.run_id,
-                                                                                   tasks=tasks[r])))
+            took = await self._each(tasks, lambda r, c: timed(c.schedule(
+                protocol.ScheduleArgs(run_id=spec.run_id, tasks=tasks[r]))))
+            self.history.schedule_ns.append(max(took.values()))
             self.on_phase(spec.run_id, "running")
-            await self._run_watching(tasks, max(0.0, (tl.stop_ns - time.time_ns()) / 1e9))
+            clock.enter("wait_t0")
+            await hooks.before_flows(t0)
+            await self.run_watching(tasks, max(0.0, (t0 - time.time_ns()) / 1e9))
+            clock.enter("flows")
+            await self.run_watching(tasks, max(0.0, (t0 + int(clock.timing.flows_s * 1e9) - time.time_ns()) / 1e9))
+            await hooks.after_flows()   # the analysis window is over: the tail's packets are not measured
+            clock.enter("tail")
+            await wait_flows_over(self, tasks, tl, margins)
             self.on_phase(spec.run_id, "collect")
-            collected, lost = await self.settle(tasks, lambda r, c: c.collect(
-                protocol.CollectArgs(run_id=spec.run_id, timeout_s=60), sink=run_dir / r))
+            clock.enter("stop")
+            ends: dict[str, list[float]] = {}
+
+            async def finish(role: str, client: AgentClient) -> protocol.CollectResult:
+                """This host's stop, collect and reset in a row, each host on its own: a host that has sent
+                its artifacts is reset while the others still send theirs."""
+                began = time.monotonic()
+                try:
+                    if margins.early_stop:
+                        await client.stop()
+                    ends[role] = [time.monotonic()]
+                    res = await client.collect(protocol.CollectArgs(run_id=spec.run_id, timeout_s=60),
+                                               sink=run_dir / role)
+                    ends[role].append(time.monotonic())
+                    return res
+                finally:
+                    evidence.append(await self.reset_one(role, client))
+                    reset_done.add(role)
+                    marks = [began, *ends.get(role, []), time.monotonic()]
+                    log.info("run end host=%s run=%s ms=%s", role, spec.run_id,
+                             "/".join(f"{(b - a) * 1000:.0f}" for a, b in zip(marks, marks[1:], strict=False)))
+
+            collected, lost = await self.settle(tasks, finish)
+            # the steps' ends on the critical path: the last host to finish each
+            clock.divide(("stop", "collect", "reset"), [max((e[i] for e in ends.values() if len(e) > i), default=0.0)
+                                                        for i in range(2)])
             failed = [str(exc) for exc in lost.values()]
             for role, res in collected.items():   # what the others sent is kept, also when one host failed
                 artifacts[role] = [a.model_dump(mode="json") for a in res.artifacts]
                 failed += [f"{role}/{t.task_id}: {t.detail}" for t in res.tasks if t.state != "done"]
                 flags += task_flags(role, res.tasks)
+            self.history.ready_ns.extend(timing.ready_latencies(artifacts, tl.start_ns))
+            flags += [Flag(guard="G-CAPTURE" if a["kind"] == "pcap" else "G-TASK", host=role,
+                           message=f"{a['task_id']}: ready {ms:.0f} ms after T0 (lead {margins.lead_ns / 1e6:.0f} ms)")
+                      for role, a, ms in timing.late_ready(artifacts, t0)]
             if failed:
                 raise RunFailed("tasks failed:\n  " + "\n  ".join(failed))
         except (RunFailed, AgentError) as exc:
             error = str(exc)
             log.error("run failed run=%s error=%s", spec.run_id, error)
         finally:
-            self.on_phase(spec.run_id, "reset")
-            evidence += await self.reset_all(states)
-        record = RunRecord(run=self.run_row(spec, plan_row, t0, started, error, flags), plan=plan_row,
+            await hooks.after_flows()
+            if set(states) - reset_done:   # failed before its end, or a host without tasks
+                clock.enter("reset")
+                self.on_phase(spec.run_id, "reset")
+                evidence += await self.reset_all([r for r in states if r not in reset_done])
+        clock.enter("save")
+        record = RunRecord(run=self.run_row(spec, plan_row, t0, started, error, flags, clock.timing), plan=plan_row,
                            flows=self.flow_rows(spec, run_dir if error is None else None), evidence=evidence,
                            artifacts=artifacts, points=bind.capture_point_names(spec, self.inv))
         record.save(run_dir)   # before parsing: a run the parsers refuse can be re-ingested as it came
         marker.write(run_dir, marker.INGEST, started, list(self.inv.hosts), plan_row)
         self.on_phase(spec.run_id, "ingest")
-        return await self.ingest(run_dir, record)
+        return run_dir, record
+
+    async def run_many(self, jobs: Sequence[tuple[RunSpec, dict | None]],
+                       on_outcome: Callable[[RunOutcome], None] | None = None) -> list[RunOutcome]:
+        """The same results as run_one for each job in order, overlapping what may be overlapped (each run's
+        ingest with the next run: engine/pipeline.py); outcomes in job order, `on_outcome` called as each
+        run is stored."""
+        from orchestrator.engine.pipeline import run_many
+
+        return await run_many(self, jobs, on_outcome)
+
+    def margins(self, spec: RunSpec, rtts_ns: list[int]) -> timing.Margins:
+        """This run's start margin, lead, grace and tail bound (engine/timing.py) from the control RTTs just
+        measured and this session's history; TCPLAB_FIXED_MARGINS=1: the old constants (a reference)."""
+        if os.environ.get("TCPLAB_FIXED_MARGINS") == "1":
+            return timing.fixed_margins()
+        m = timing.size_margins(timing.floors_for(self.inv.kind), rtts_ns, self.history.schedule_ns,
+                                self.history.ready_ns, base_rtt_ns=int((spec.derived.base_rtt_us or 0) * 1000))
+        if app_start_lead_ns(spec):   # an app-limited writer connects 0.8 s after the captures start, before T0
+            m = replace(m, lead_ns=max(m.lead_ns, bind.LEAD_NS))
+        return m
+
+    def stored_timing(self, outcome: RunOutcome, run_timing: timing.RunTiming) -> RunOutcome:
+        """The outcome with its timings, also written to the run row (the row was written during the ingest
+        these timings include: completed by one update; a refused update costs only the ingest figure)."""
+        outcome.timing = run_timing
+        if outcome.status in ("complete", "failed"):
+            try:
+                store_timing(self.db, outcome.run_id, run_timing.as_json())
+            except DB_ERRORS as exc:
+                log.warning("run timing not stored run=%s error=%s", outcome.run_id, _first_line(exc))
+        log.info("run timing run=%s %s", outcome.run_id, run_timing.line())
+        return outcome
 
     async def ingest(self, run_dir: Path, record: RunRecord) -> RunOutcome:
         """finalise_run off the event loop (keepalive pings of the other connections go on meanwhile); a
@@ -269,10 +386,12 @@ class RunEngine:
         marker.clear(run_dir)
         return outcome
 
-    def run_row(self, spec: RunSpec, plan_row, t0, started, error, flags: list[Flag]) -> dict:
+    def run_row(self, spec: RunSpec, plan_row, t0, started, error, flags: list[Flag],
+                run_timing: timing.RunTiming | None = None) -> dict:
         return {**preflight.spec_columns(spec, plan_row, list(self.inv.tags), self.provenance),
                 "status": "failed" if error else "complete", "t0_ns": t0, "started_at": started,
-                "finished_at": _now(), "error": error, "flags": [f.stored() for f in flags]}
+                "finished_at": _now(), "error": error, "flags": [f.stored() for f in flags],
+                "timing": run_timing.as_json() if run_timing is not None else None}
 
     def flow_rows(self, spec: RunSpec, run_dir: Path | None) -> list[dict]:
         ports = sender_ports(run_dir, spec) if run_dir else {}

@@ -17,10 +17,12 @@ from sqlalchemy import Engine
 from analysis.metrics.windows import analysis_window
 from orchestrator.guards import ack, clock, cpu, ecn, pre_run, qdisc, ss
 from orchestrator.guards.probe import probe_flags
-from orchestrator.ingest.assemble import assemble, cpu_samples, measured_clock_offsets
+from orchestrator.ingest.assemble import assemble, clock_offsets, cpu_samples, measured_clock_offsets
 from orchestrator.ingest.record import RunRecord
+from orchestrator.ingest.startskew import StartTally
 from orchestrator.plan import RunSpec
 from orchestrator.storage.run_ingest import RunIngest
+from orchestrator.storage.timing import RunTiming
 from orchestrator.storage.writer import write_run
 from schemas.flag import Flag, unique
 
@@ -34,6 +36,7 @@ class RunOutcome:
     error: str | None = None
     flags: list[Flag] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
+    timing: RunTiming | None = None   # phase timings and overhead (engine/timing.py); None: not run here
 
 
 def measurement_window(spec: RunSpec, t0_ns: int) -> tuple[int, int]:
@@ -120,6 +123,8 @@ def finalise_run(db: Engine, run_dir: Path, record: RunRecord) -> RunOutcome:
         flags += measured_guards(spec, ingest)
         observers = (ecn.EcnTally(spec, ingest.flows),) if ecn.wants_ecn(spec) and ingest.packets else ()
         observers += ack_tally(spec, ingest, run.get("t0_ns"))
+        observers += (StartTally(spec, ingest.flows, run.get("t0_ns"),
+                                 {p: v["host"] for p, v in ingest.capture_points.items()}, clock_offsets(record)),)
     run["flags"] = [f.stored() for f in unique(flags)]
     if ingest is None:
         ingest = RunIngest(run=run, plan=record.plan, flows=record.flows, evidence=evidence)

@@ -65,6 +65,7 @@ run = Table(
     Column("tcplab_version", String(64), nullable=True),    # the installed package's version
     Column("tcplab_commit", String(64), nullable=True),     # git describe of the tcplab checkout, else the version
     Column("plan_commit", String(64), nullable=True),       # commit of the plan's repository (+"-dirty"); NULL: no git
+    Column("timing", JSON, nullable=True),                 # phase timings and overhead (engine/timing.py)
 )
 
 kernel_build = Table(
@@ -93,6 +94,10 @@ flow = Table(
     Column("duration_s", Float, nullable=False),
     Column("tool", String(32), nullable=False),
     Column("ack_ratio", Float, nullable=True),             # M-ACKRATIO: data segments per pure ACK (G-ACK)
+    Column("scheduled_start_ns", BigInteger, nullable=True),   # T0 + start_s (the manager's clock)
+    Column("measured_start_ns", BigInteger, nullable=True),    # the flow's first SYN, in the manager's clock
+    Column("start_skew_ns", BigInteger, nullable=True),        # M-STARTSKEW: measured - scheduled
+    Column("start_point", String(128), nullable=True),         # the capture point the SYN was taken from
 )
 
 artifact = Table(

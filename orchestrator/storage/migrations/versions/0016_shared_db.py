@@ -5,7 +5,7 @@ views v_run, v_flow, v_run_qdelay, v_run_rtt, v_campaign_verdict, v_campaign_tre
 Roles are not made here: they are per cluster and need a superuser (`tcplab db init`, orchestrator/storage/roles.py).
 
 Revision ID: 0016
-Revises: 0014
+Revises: 0015
 Create Date: 2026-11-27
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from alembic import op
 from orchestrator.storage import views
 
 revision: str = "0016"
-down_revision: str | None = "0014"
+down_revision: str | None = "0015"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
