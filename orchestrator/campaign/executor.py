@@ -28,7 +28,7 @@ from orchestrator.engine import provenance
 from orchestrator.engine.kernel_builds import attach_builds
 from orchestrator.engine.preflight import Refused
 from orchestrator.engine.recovery import AnotherManager, recover
-from orchestrator.engine.runner import PENDING, RunEngine
+from orchestrator.engine.runner import PENDING, RunEngine, RunOutcome
 from orchestrator.inventory import Inventory
 from orchestrator.plan import RunSpec
 from orchestrator.plan.checks.profile_loader import load_profile
@@ -171,39 +171,43 @@ class CampaignRunner:
         return {**p.row, "created_at": dt.datetime.now(dt.UTC)}
 
     async def _run_pending(self, engine: RunEngine, night: dict) -> None:
+        """Every pending trial of the night in order: the refused ones recorded as such, the others through
+        `run_many` (each run's ingest overlapped with the next run where that is safe: engine/pipeline.py)."""
         pending = [t for t in trials.trials(self.db, [night["id"]]) if t["status"] == "pending"]
-        if not pending:
+        jobs, by_run = [], {}
+        for t in pending:
+            spec = RunSpec.model_validate(t["spec"])
+            verdict = engine.preflight([spec])[0]
+            if isinstance(verdict, Refused):
+                outcome = await engine.record_refused(verdict, self._plan_row(t["plan_sha256"]))
+                self.console.print(f"trial {spec.run_id} refused: {verdict.error}", style="yellow", markup=False)
+                if outcome.status == PENDING:
+                    trials.mark_unsettled(self.db, t["id"], "infra-error", outcome.error)
+            elif trials.mark_running(self.db, t["id"], self.holder):
+                jobs.append((spec, self._plan_row(t["plan_sha256"])))
+                by_run[spec.run_id] = t
+        if not jobs:
             return
         with self.progress_factory() as progress:
-            bar = progress.add_task(f"{self.c.name} night {night['night']}", total=len(pending), phase="")
+            bar = progress.add_task(f"{self.c.name} night {night['night']}", total=len(jobs), phase="")
             engine.on_phase = lambda run_id, phase: progress.update(bar, phase=f"{run_id}: {phase}")
-            for t in pending:
+
+            def stored(outcome: RunOutcome) -> None:
+                t = by_run[outcome.run_id]
+                overhead = outcome.timing.overhead_s if outcome.timing is not None else math.nan
+                self.overhead_s.append(round(overhead, 3))
+                self.console.print(f"trial {outcome.run_id}: {outcome.status}, overhead {overhead:.2f} s"
+                                   + (f" ({outcome.error})" if outcome.error else ""), markup=False)
+                if outcome.status == PENDING:   # the run is on disk, the database did not take it
+                    trials.mark_unsettled(self.db, t["id"], "infra-error", outcome.error)
                 self._keep_lease()
-                if not trials.mark_running(self.db, t["id"], self.holder):
-                    continue
-                await self._run_trial(engine, t)
                 progress.advance(bar)
 
-    async def _run_trial(self, engine: RunEngine, t: dict) -> None:
-        spec = RunSpec.model_validate(t["spec"])
-        plan_row = self._plan_row(t["plan_sha256"])
-        verdict = engine.preflight([spec])[0]
-        try:
-            if isinstance(verdict, Refused):
-                outcome = await engine.record_refused(verdict, plan_row)
-                self.console.print(f"trial {spec.run_id} refused: {verdict.error}", style="yellow", markup=False)
-            else:
-                began = time.monotonic()
-                outcome = await engine.run_one(spec, plan_row)
-                overhead = time.monotonic() - began - spec.duration_s
-                self.overhead_s.append(round(overhead, 3))
-                self.console.print(f"trial {spec.run_id}: {outcome.status}, overhead {overhead:.2f} s"
-                                   + (f" ({outcome.error})" if outcome.error else ""), markup=False)
-        except AgentError as exc:
-            trials.mark_unsettled(self.db, t["id"], "infra-error", str(exc))
-            return
-        if outcome.status == PENDING:   # the run is on disk, the database did not take it
-            trials.mark_unsettled(self.db, t["id"], "infra-error", outcome.error)
+            try:
+                await engine.run_many(jobs, on_outcome=stored)
+            except AgentError as exc:
+                for t in by_run.values():     # what never ran is an infrastructure error, tried again next round
+                    trials.mark_unsettled(self.db, t["id"], "infra-error", str(exc))
 
     def _keep_lease(self) -> None:
         if time.monotonic() - self._renewed > lease.LEASE_S / 4:
