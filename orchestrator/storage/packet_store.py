@@ -82,15 +82,20 @@ class BlockNumbers:
 
 def block_batches(conn_ids: np.ndarray, chunk: np.ndarray, numbers: BlockNumbers) -> Iterator[dict[str, Any]]:
     """packet_block rows of one records.PACKET chunk: its packets grouped by conn (capture order kept
-    within a conn), cut into blocks of at most BLOCK_PACKETS. Blocks of equal length share a batch, so
-    the bytea is a fixed-width field of one structured COPY array (orchestrator/storage/pgcopy.py)."""
+    within a conn), cut into blocks of at most BLOCK_PACKETS. Blocks of equal length share a batch, whose
+    `rec` is a (blocks, length) array of one void record type: a fixed-width bytea for
+    orchestrator/storage/pgcopy.py."""
     if chunk.size == 0:
         return
-    order = np.argsort(conn_ids, kind="stable")
     rec = np.empty(chunk.size, RECORD)
-    for name in RECORD.names:
-        rec[name] = chunk[name][order]
-    ids = conn_ids[order]
+    for name in RECORD.names:    # field by field: strided copies with the byte swap, no gather
+        rec[name] = chunk[name]
+    # one gather of whole records (a void type moves as bytes, many times faster than a structured gather);
+    # conn ids of one run fit 16 bits, where numpy's stable sort is a radix sort
+    key = conn_ids.astype(np.uint16) if conn_ids.max() < 2**16 else conn_ids
+    order = np.argsort(key, kind="stable")
+    packed = rec.view(f"V{RECORD.itemsize}")[order]
+    ids, ts = conn_ids[order], chunk["ts_ns"][order]
     conn_start = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
     conn_len = np.diff(np.r_[conn_start, ids.size])
     per_conn = -(-conn_len // BLOCK_PACKETS)
@@ -99,14 +104,11 @@ def block_batches(conn_ids: np.ndarray, chunk: np.ndarray, numbers: BlockNumbers
     starts = np.repeat(conn_start, per_conn) + within * BLOCK_PACKETS
     lengths = np.minimum(BLOCK_PACKETS, np.repeat(conn_start + conn_len, per_conn) - starts)
     block_no = numbers.take(starts.size)
-    ts = rec["ts_ns"].astype(np.int64)
     for n in np.unique(lengths).tolist():
-        sel = np.flatnonzero(lengths == n)
-        body = rec[starts[sel, None] + np.arange(n)]       # (blocks, n) records, contiguous
-        yield {"conn_id": ids[starts[sel]], "block_no": block_no[sel], "packets": np.full(sel.size, n, np.int16),
-               "ts_first_ns": ts[starts[sel]], "ts_last_ns": ts[starts[sel] + n - 1],
-               "rec": body.view(np.uint8).reshape(sel.size, n * RECORD.itemsize).view(f"V{n * RECORD.itemsize}")
-               .reshape(sel.size)}
+        first = starts[lengths == n]
+        yield {"conn_id": ids[first], "block_no": block_no[lengths == n], "packets": np.full(first.size, n, np.int16),
+               "ts_first_ns": ts[first], "ts_last_ns": ts[first + n - 1],
+               "rec": packed[first[:, None] + np.arange(n)]}
 
 
 # --- reading -----------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ batch is one `ndarray.tobytes()`. Columns that vary in width (text) or may be NU
 groups of rows that share the same widths (the same text values and the same NULL pattern); each group
 is again one structured array. Text columns are meant for low-cardinality values (addresses, qdisc
 handles): a group per distinct combination. A bytea column is given as an array of one fixed-width void
-type (`V<n>`, e.g. a block of packed packet records): its values are copied as they are, at that width.
+type (`V<w>`), one value per row, or as a 2-D (rows, k) array of it whose k items make a row's value
+(e.g. a block of k packed packet records): the bytes are copied as they are.
 """
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def _layout(cols: Sequence[tuple[str, str]], data: Mapping[str, np.ndarray], tex
         if kind == "text":
             fields.append((f"v{i}", f"S{len(text[name])}" if text[name] else "V0"))
         elif kind == "bytea":
-            fields.append((f"v{i}", _void(data[name]).dtype))
+            value = _void(data[name])
+            fields.append((f"v{i}", (value.dtype, value.shape[1:])))
         else:
             fields.append((f"v{i}", FIXED[kind]))
     return np.dtype(fields)
@@ -55,7 +57,7 @@ def _fill(cols: Sequence[tuple[str, str]], data: Mapping[str, np.ndarray], rows:
                 rec[f"v{i}"] = text[name]
         elif kind == "bytea":
             value = _void(data[name])
-            rec[f"l{i}"] = value.dtype.itemsize
+            rec[f"l{i}"] = value.dtype.itemsize * int(np.prod(value.shape[1:]))
             rec[f"v{i}"] = value[rows]
         else:
             rec[f"l{i}"] = np.dtype(FIXED[kind]).itemsize
@@ -103,8 +105,9 @@ def encode(cols: Sequence[tuple[str, str]], data: Mapping[str, np.ndarray],
 
 
 def _void(value: object) -> np.ndarray:
-    if not (isinstance(value, np.ndarray) and value.dtype.kind == "V" and value.dtype.names is None):
-        raise TypeError("a bytea column takes an array of one fixed-width void type (V<n>)")
+    if not (isinstance(value, np.ndarray) and value.dtype.kind == "V" and value.dtype.names is None
+            and value.ndim in (1, 2)):
+        raise TypeError("a bytea column takes a 1-D or 2-D array of one fixed-width void type (V<w>)")
     return value
 
 
