@@ -1,6 +1,6 @@
 """Benchmark: the PostgreSQL result database at campaign scale (1,000 runs, 100 M packets) and its two queries.
 
-Usage: .venv/bin/python bench/db_scale.py [--runs N] [--packets-per-run N] [--pg URL] [--keep]
+Usage: .venv/bin/python bench/db_scale.py [--runs N] [--packets N] [--pg URL] [--keep]
 
 Creates a throwaway database (admin URL from --pg, TCPLAB_BENCH_PG, TCPLAB_TEST_PG or
 postgresql://postgres@127.0.0.1:5432/postgres), fills it through the real writer (write_run: conn ids, packet
@@ -33,6 +33,8 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
+
+from orchestrator.storage.db import PG_SESSION_OPTIONS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:   # the synthetic capture generator is test support, not installed
@@ -93,7 +95,7 @@ class Template:
         ingress_data["point"] = 1                     # the ingress is the run's second capture point
         result = pair(ingress_data, egress, conns.ids(ingress_data))
         plan, aqm = plans[index % len(plans)], ("fq_codel", "pie", "red")[index % 3]
-        status = "refused" if index % 97 == 13 else "failed" if index % 23 == 5 else "complete"
+        status = status_of(index)
         flags = [{"guard": "G-CPULOAD", "host": "aqm", "message": "cpu1 was > 90% busy for 12% of the window",
                   "evidence": {"share": 0.12}}] if rng.random() < 0.2 else []
         run = {"run_id": f"{plan['name']}-e{index % 7}-{index:05x}-r{index % 5}", "plan_sha256": plan["plan_sha256"],
@@ -111,6 +113,11 @@ class Template:
         return RunIngest(run=run, plan=plan, flows=flows, packets=[(self.points[0], egress), (self.points[1], ingress)],
                          conns=conns, qdelay=[(self.points[1], result.rows)],
                          qdelay_pairs=[result.summary(self.points[1], self.points[0])])
+
+
+def status_of(index: int) -> str:
+    """About 1 % of the runs refused (no packets) and 4 % failed, spread over the campaign."""
+    return "refused" if index % 97 == 13 else "failed" if index % 23 == 5 else "complete"
 
 
 def replace_ts(arr: np.ndarray, shift_ns: int) -> np.ndarray:
@@ -151,6 +158,9 @@ def fill(engine: object, runs: int, template: Template) -> tuple[float, int]:
             packets += counts.packet
             rate = packets / (time.perf_counter() - t0)
             progress.update(task, advance=1, rate=f"{packets / 1e6:,.1f} M packets, {rate / 1e6:.2f} M packets/s")
+            if not console.is_terminal and (i + 1) % max(1, runs // 10) == 0:   # a log file gets a line per 10 %
+                console.print(f"{i + 1:,} runs, {packets / 1e6:,.1f} M packets, {rate / 1e6:.2f} M packets/s, "
+                              f"load average {os.getloadavg()[0]:.1f}")
     return time.perf_counter() - t0, packets
 
 
@@ -160,7 +170,7 @@ def timed(url: str, sql: str, params: dict, repeat: int = 5) -> tuple[float, flo
     """(cold, warm median) seconds and the answer: cold is the first execution on a new connection."""
     import psycopg
 
-    with psycopg.connect(url) as conn:
+    with psycopg.connect(url, options=PG_SESSION_OPTIONS) as conn:   # as tcplab's sessions (open_db, query)
         t = time.perf_counter()
         rows = conn.execute(sql, params).fetchall()
         cold = time.perf_counter() - t
@@ -178,7 +188,7 @@ def explain(url: str, sql: str, params: dict) -> list[str]:
     import psycopg
 
     keep = ("Subplans Removed", "Scan", "Buffers", "Planning Time", "Execution Time", "Limit", "Sort Method")
-    with psycopg.connect(url) as conn:
+    with psycopg.connect(url, options=PG_SESSION_OPTIONS) as conn:
         plan = [r[0] for r in conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params).fetchall()]
     never = sum("never executed" in line for line in plan)
     lines = [line.rstrip() for line in plan if any(k in line for k in keep) and "never executed" not in line]
@@ -217,6 +227,11 @@ def report(url: str, engine: object, probe_run: str) -> None:
         answer = f"{len(rows)} rows" if len(rows) != 1 else str(rows[0])[:70]
         table.add_row(name, f"{cold:.3f}", f"{warm:.3f}", verdict, answer)
         explains[name] = explain(url, sql, params)
+    with psycopg.connect(url) as conn:   # the server's defaults, JIT on: what tcplab's sessions avoid
+        t = time.perf_counter()
+        conn.execute(QDELAY_SQL, {"run_id": probe_run}).fetchall()
+        table.add_row("qdelay percentiles, one statement, server default jit=on", f"{time.perf_counter() - t:.3f}",
+                      "", "(not tcplab's sessions)", "")
     with engine.connect() as conn:
         t = time.perf_counter()
         metas = list_runs(conn)
@@ -230,6 +245,22 @@ def report(url: str, engine: object, probe_run: str) -> None:
         console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
 
 
+def drop(admin: str, name: str) -> None:
+    """DROP DATABASE ... WITH (FORCE), again while a cancelled backend (parallel workers) is still exiting."""
+    import psycopg
+
+    for attempt in range(12):
+        try:
+            with psycopg.connect(admin, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            console.print(f"dropped database {name}")
+            return
+        except psycopg.errors.ObjectInUse:
+            if attempt == 11:
+                raise
+            time.sleep(5)
+
+
 def main(argv: list[str] | None = None) -> None:
     import psycopg
     from sqlalchemy.engine import make_url
@@ -238,7 +269,7 @@ def main(argv: list[str] | None = None) -> None:
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=1_000)
-    p.add_argument("--packets-per-run", type=int, default=100_000)
+    p.add_argument("--packets", type=int, default=100_000_000, help="packets in all runs together")
     p.add_argument("--pg", help="PostgreSQL admin URL (the throwaway database is created there)")
     p.add_argument("--keep", action="store_true", help="do not drop the database (prints its name)")
     args = p.parse_args(argv)
@@ -256,7 +287,8 @@ def main(argv: list[str] | None = None) -> None:
         engine = open_db(url.render_as_string(hide_password=False))
         with tempfile.TemporaryDirectory(prefix="tcplab-scale-") as tmp:
             t = time.perf_counter()
-            template = Template(args.packets_per_run, Path(tmp))
+            with_packets = sum(1 for i in range(args.runs) if status_of(i) != "refused")
+            template = Template(-(-args.packets // max(1, with_packets)), Path(tmp))
             took = time.perf_counter() - t
             console.print(f"template run: {template.packets:,} packets at 2 capture points, "
                           f"{template.ingress_data.size:,} queue-delay rows, synthesised in {took:.1f} s")
@@ -276,9 +308,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.keep:
             console.print(f"kept database {name}")
         else:
-            with psycopg.connect(admin, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            console.print(f"dropped database {name}")
+            drop(admin, name)
         usage = shutil.disk_usage("/work" if Path("/work").exists() else "/")
         console.print(f"disk after: {usage.free / 2**30:,.1f} GiB free")
 

@@ -353,6 +353,7 @@ app_write = Table(
     Column("read_latency_ns", BigInteger, nullable=True),
 )
 Index("ix_app_write_run_id", app_write.c.run_id, app_write.c.flow_id)
+Index("ix_run_started_at", run.c.started_at)   # the run list, newest first, a page at a time
 
 # Per-packet tables: BRIN on (run_key, time) on PostgreSQL: built after the load of each partition in
 # one cheap pass, and packets arrive in time order per capture point; a plain B-tree on SQLite, where it

@@ -1,5 +1,6 @@
 """packet blocks on PostgreSQL: `packet_block` (up to 128 packets of one conn a row, packed) and the view
-`packet` that shows them one row per packet (orchestrator/storage/packet_store.py, docs/ingest.md).
+`packet` that shows them one row per packet (orchestrator/storage/packet_store.py, docs/ingest.md); an index on
+run.started_at for the run list (both backends).
 
 Existing packet partitions are packed into blocks run by run (in SQL: int8send & co. give the big-endian
 bytes of each field) and the partitioned `packet` table is dropped. SQLite keeps its `packet` table: nothing
@@ -44,6 +45,7 @@ def _run_keys(parent: str) -> list[int]:
 
 
 def upgrade() -> None:
+    op.create_index("ix_run_started_at", "run", ["started_at"])
     if not _pg():
         return
     op.create_table(
@@ -77,6 +79,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.drop_index("ix_run_started_at", table_name="run")
     if not _pg():
         return
     op.execute("ALTER VIEW packet RENAME TO packet_unpacked")
