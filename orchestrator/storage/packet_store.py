@@ -117,37 +117,48 @@ def read_packets(conn: Connection, run_key: int | None, conn_ids: Sequence[int],
                  fields: Sequence[str] = records.PACKET_VALUE_FIELDS) -> np.ndarray:
     """Packets of the given conns of a run: a structured array of conn_id and `fields` (native byte order,
     the records.PACKET widths), ordered by ts_ns; packets of one conn with equal ts_ns stay in capture
-    order."""
+    order. Streamed a part at a time: at most one part's rows are Python objects."""
     dtype = np.dtype([("conn_id", "i4"), *((n, records.PACKET.fields[n][0]) for n in fields)])
     ids = [int(i) for i in conn_ids]
     if run_key is None or not ids:
         return np.empty(0, dtype)
     if stored_as_blocks(conn):
-        out = _read_blocks(conn, run_key, ids, dtype)
-        return out[np.argsort(out["ts_ns"], kind="stable")] if "ts_ns" in dtype.names else out
-    p = tables.packet
-    stmt = (sa.select(p.c.conn_id, *(p.c[n] for n in fields)).where(p.c.run_key == run_key, p.c.conn_id.in_(ids))
-            .order_by(p.c.ts_ns))
-    rows = conn.execute(stmt).all()
-    out = np.empty(len(rows), dtype)
-    for name, column in zip(dtype.names, zip(*rows, strict=True), strict=False):
-        out[name] = column
+        b = tables.packet_block
+        stmt = (sa.select(b.c.conn_id, b.c.packets, b.c.rec).where(b.c.run_key == run_key, b.c.conn_id.in_(ids))
+                .order_by(b.c.block_no))
+        parts = [_decode_blocks(rows, dtype) for rows in _parts(conn, stmt, READ_BLOCKS)]
+    else:
+        p = tables.packet
+        stmt = (sa.select(p.c.conn_id, *(p.c[n] for n in fields))
+                .where(p.c.run_key == run_key, p.c.conn_id.in_(ids)).order_by(p.c.ts_ns))
+        parts = [_columns(rows, dtype) for rows in _parts(conn, stmt, READ_ROWS)]
+    out = np.concatenate(parts) if parts else np.empty(0, dtype)
+    if stored_as_blocks(conn) and "ts_ns" in dtype.names:   # blocks come by conn; SQLite sorted already
+        out = out[np.argsort(out["ts_ns"], kind="stable")]
     return out
 
 
-def _read_blocks(conn: Connection, run_key: int, ids: list[int], dtype: np.dtype) -> np.ndarray:
-    b = tables.packet_block
-    stmt = (sa.select(b.c.conn_id, b.c.packets, b.c.rec).where(b.c.run_key == run_key, b.c.conn_id.in_(ids))
-            .order_by(b.c.block_no))
-    rows = conn.execute(stmt).all()
-    if not rows:
-        return np.empty(0, dtype)
+READ_BLOCKS, READ_ROWS = 2_000, 100_000   # blocks (<= 256 k packets) / rows fetched at a time
+
+
+def _parts(conn: Connection, stmt: sa.Select, size: int) -> Iterator[list[Any]]:
+    yield from conn.execution_options(stream_results=True).execute(stmt).partitions(size)
+
+
+def _decode_blocks(rows: list[Any], dtype: np.dtype) -> np.ndarray:
     conn_col, counts, recs = zip(*rows, strict=True)
     rec = np.frombuffer(b"".join(recs), RECORD)
     out = np.empty(rec.size, dtype)
     out["conn_id"] = np.repeat(np.asarray(conn_col, np.int32), np.asarray(counts, np.int64))
     for name in dtype.names[1:]:
         out[name] = rec[name]
+    return out
+
+
+def _columns(rows: list[Any], dtype: np.dtype) -> np.ndarray:
+    out = np.empty(len(rows), dtype)
+    for name, column in zip(dtype.names, zip(*rows, strict=True), strict=True):
+        out[name] = column
     return out
 
 

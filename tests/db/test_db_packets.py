@@ -49,9 +49,11 @@ def _sql_packets(conn, key: int, point: str, where: str, fields: tuple[str, ...]
     return sorted(tuple(r) for r in conn.execute(text(sql), {"k": key, "p": point}))
 
 
-def test_loaders_give_what_sql_over_the_packet_view_gives(engine) -> None:
+def test_loaders_give_what_sql_over_the_packet_view_gives(engine, monkeypatch) -> None:
     """A real capture and the synthetic run: load_packets and load_side_packets return the rows the SQL
-    query over `packet` returns, ordered by time, each conn's packets in capture order."""
+    query over `packet` returns, ordered by time, each conn's packets in capture order (read in many parts)."""
+    monkeypatch.setattr(packet_store, "READ_BLOCKS", 7)
+    monkeypatch.setattr(packet_store, "READ_ROWS", 500)
     real = read_pcap(FIX / "eth.pcap")
     ingest = make_run_ingest("ld-0001", n_packets=30_000, seed=3)
     ingest = type(ingest)(**{**ingest.__dict__, "packets": [*ingest.packets, ("real:eth", real)]})
