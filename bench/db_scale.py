@@ -8,7 +8,8 @@ blocks and qdelay rows by binary COPY into per-run partitions, attach) with synt
 one template run synthesised once with tests/support/synth.py (16 bulk TCP flows through a 600 Mbit/s
 bottleneck, captured at the aqm's ingress and egress, read by the real pcap reader, per-packet queue delay
 paired by orchestrator/ingest/qdelay.py), shifted in time for every run, with plans, statuses, flags and
-specs that vary. Then it times, cold (a new connection, first execution) and warm (median of 5):
+specs that vary. Then it times, cold (a new connection, first execution, after the query's relations were
+dropped from the OS page cache with posix_fadvise: those files only) and warm (median of 5):
 - the run list: one page of runs with plan, status and flags, newest first (what a run list page and
   `tcplab table` ask for), target < 1 s; and analysis.load.list_runs (all complete runs, with specs);
 - a run's queue-delay percentiles (p50/p90/p99 of qdelay.sojourn_ns of one run), target < 2 s;
@@ -35,6 +36,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from orchestrator.storage.db import PG_SESSION_OPTIONS
+from orchestrator.storage.tables import PARTITION_SCHEMA
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:   # the synthetic capture generator is test support, not installed
@@ -166,10 +168,43 @@ def fill(engine: object, runs: int, template: Template) -> tuple[float, int]:
 
 # --- timing ------------------------------------------------------------------------------------------
 
-def timed(url: str, sql: str, params: dict, repeat: int = 5) -> tuple[float, float, list]:
-    """(cold, warm median) seconds and the answer: cold is the first execution on a new connection."""
+def evict(url: str, relations: list[str]) -> int:
+    """Drop the files of `relations` (with their TOAST tables and indexes) from the OS page cache
+    (posix_fadvise DONTNEED), so the next read of them comes from disk: a cold read of these files only,
+    nothing else on the shared machine. Returns the files evicted (0 where the data directory is not
+    readable from here, e.g. a remote server)."""
     import psycopg
 
+    sql = ("SELECT pg_relation_filepath(o) FROM unnest(%(oids)s::regclass[]) AS o "
+           "UNION SELECT pg_relation_filepath(c.reltoastrelid) FROM pg_class c "
+           "WHERE c.oid = ANY(%(oids)s::regclass[]) AND c.reltoastrelid <> 0 "
+           "UNION SELECT pg_relation_filepath(i.indexrelid) FROM pg_index i "
+           "WHERE i.indrelid = ANY(%(oids)s::regclass[])")
+    with psycopg.connect(url) as conn:
+        datadir = Path(conn.execute("SELECT current_setting('data_directory')").fetchone()[0])
+        files = [f for (rel,) in conn.execute(sql, {"oids": relations}).fetchall()
+                 for f in datadir.glob(rel + "*")]
+    evicted = 0
+    for path in files:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            evicted += 1
+        finally:
+            os.close(fd)
+    return evicted
+
+
+def timed(url: str, sql: str, params: dict, relations: list[str], repeat: int = 5) -> tuple[float, float, list, int]:
+    """(cold, warm median seconds, the answer, files evicted): cold is the first execution on a new connection
+    after `relations` were dropped from the OS page cache (the probed runs are early ones, long gone from
+    PostgreSQL's shared buffers by the time the fill ends)."""
+    import psycopg
+
+    evicted = evict(url, relations)
     with psycopg.connect(url, options=PG_SESSION_OPTIONS) as conn:   # as tcplab's sessions (open_db, query)
         t = time.perf_counter()
         rows = conn.execute(sql, params).fetchall()
@@ -179,7 +214,7 @@ def timed(url: str, sql: str, params: dict, repeat: int = 5) -> tuple[float, flo
             t = time.perf_counter()
             conn.execute(sql, params).fetchall()
             warm.append(time.perf_counter() - t)
-    return cold, statistics.median(warm), rows
+    return cold, statistics.median(warm), rows, evicted
 
 
 def explain(url: str, sql: str, params: dict) -> list[str]:
@@ -205,40 +240,48 @@ def numpy_read(engine: object, run_id: str) -> tuple[float, int]:
         return time.perf_counter() - t, pkts.size
 
 
-def report(url: str, engine: object, probe_run: str) -> None:
+def report(url: str, engine: object, probes: list[str]) -> None:
+    """Time the queries; each run-level query probes a different early run, so its cold read is its own."""
     import psycopg
 
     from analysis.load import list_runs
 
     with psycopg.connect(url) as conn:
-        probe_key = conn.execute("SELECT run_key FROM run WHERE run_id = %s", (probe_run,)).fetchone()[0]
-    table = Table(title=f"queries on {probe_run!r} (load average {os.getloadavg()[0]:.1f})")
-    for col in ("query", "cold s", "warm s", "target", "answer"):
+        keys = [conn.execute("SELECT run_key FROM run WHERE run_id = %s", (r,)).fetchone()[0] for r in probes]
+    part = PARTITION_SCHEMA
+    table = Table(title=f"queries (load average {os.getloadavg()[0]:.1f})")
+    for col in ("query", "run", "cold s", "warm s", "target", "answer"):
         table.add_column(col)
     explains = {}
-    for name, sql, params, target in (
-            ("run list, first page", RUN_LIST_SQL, {"offset": 0}, TARGET_RUN_LIST_S),
-            ("run list, page 10", RUN_LIST_SQL, {"offset": 9 * PAGE}, TARGET_RUN_LIST_S),
-            ("qdelay p50/p90/p99 of one run", QDELAY_SQL, {"run_id": probe_run}, TARGET_QDELAY_S),
-            ("  the same, run_key first", QDELAY_BY_KEY_SQL, {"key": probe_key}, TARGET_QDELAY_S),
-            ("one run's packets via the view", PACKET_VIEW_SQL, {"run_id": probe_run}, None)):
-        cold, warm, rows = timed(url, sql, params)
+    for name, probe, sql, params, relations, target in (
+            ("run list, first page", "", RUN_LIST_SQL, {"offset": 0}, ["run", "plan"], TARGET_RUN_LIST_S),
+            ("run list, page 10", "", RUN_LIST_SQL, {"offset": 9 * PAGE}, ["run", "plan"], TARGET_RUN_LIST_S),
+            ("qdelay p50/p90/p99 of one run", probes[0], QDELAY_SQL, {"run_id": probes[0]},
+             [f"{part}.qdelay_{keys[0]}"], TARGET_QDELAY_S),
+            ("  the same, run_key first", probes[1], QDELAY_BY_KEY_SQL, {"key": keys[1]},
+             [f"{part}.qdelay_{keys[1]}"], TARGET_QDELAY_S),
+            ("one run's packets via the view", probes[2], PACKET_VIEW_SQL, {"run_id": probes[2]},
+             [f"{part}.packet_block_{keys[2]}"], None)):
+        cold, warm, rows, evicted = timed(url, sql, params, relations)
         verdict = "" if target is None else f"< {target:g} s " + ("met" if max(cold, warm) < target else "MISSED")
-        answer = f"{len(rows)} rows" if len(rows) != 1 else str(rows[0])[:70]
-        table.add_row(name, f"{cold:.3f}", f"{warm:.3f}", verdict, answer)
+        answer = f"{len(rows)} rows" if len(rows) != 1 else str(rows[0])[:60]
+        table.add_row(name, probe, f"{cold:.3f}" + ("" if evicted else " (cache kept)"), f"{warm:.3f}", verdict,
+                      answer)
         explains[name] = explain(url, sql, params)
     with psycopg.connect(url) as conn:   # the server's defaults, JIT on: what tcplab's sessions avoid
         t = time.perf_counter()
-        conn.execute(QDELAY_SQL, {"run_id": probe_run}).fetchall()
-        table.add_row("qdelay percentiles, one statement, server default jit=on", f"{time.perf_counter() - t:.3f}",
-                      "", "(not tcplab's sessions)", "")
+        conn.execute(QDELAY_SQL, {"run_id": probes[0]}).fetchall()
+        table.add_row("qdelay percentiles, one statement, server default jit=on", probes[0],
+                      f"{time.perf_counter() - t:.3f}", "", "(not tcplab's sessions)", "")
     with engine.connect() as conn:
         t = time.perf_counter()
         metas = list_runs(conn)
         took = time.perf_counter() - t
-    table.add_row("analysis.load.list_runs (every complete run, specs)", f"{took:.3f}", "", "", f"{len(metas)} runs")
-    took, n = numpy_read(engine, probe_run)
-    table.add_row("load_packets of one run (packet_store, numpy)", f"{took:.3f}", "", "", f"{n:,} data packets")
+    table.add_row("analysis.load.list_runs (all complete runs, specs)", "", f"{took:.3f}", "", "", f"{len(metas)} runs")
+    evict(url, [f"{part}.packet_block_{keys[0]}"])
+    took, n = numpy_read(engine, probes[0])
+    table.add_row("load_packets of one run (packet_store, numpy)", probes[0], f"{took:.3f}", "", "",
+                  f"{n:,} data packets")
     console.print(table)
     for name, lines in explains.items():
         console.print(f"[bold]EXPLAIN (ANALYZE, BUFFERS): {name}[/bold]")
@@ -299,9 +342,10 @@ def main(argv: list[str] | None = None) -> None:
         console.print(f"filled: {args.runs:,} runs, {packets:,} packets in {took:.0f} s "
                       f"({packets / took / 1e6:.2f} M packets/s with qdelay rows); database {size / 2**30:.2f} GiB; "
                       f"load average {os.getloadavg()[0]:.1f}")
-        probe = engine.connect().exec_driver_sql(   # an early run: its pages are the least likely to be cached
-            "SELECT run_id FROM run WHERE status = 'complete' ORDER BY run_key OFFSET 10 LIMIT 1").scalar_one()
-        report(libpq, engine, probe)
+        with engine.connect() as conn:   # early runs: long gone from PostgreSQL's shared buffers
+            probes = list(conn.exec_driver_sql("SELECT run_id FROM run WHERE status = 'complete' ORDER BY run_key "
+                                               "OFFSET 10 LIMIT 3").scalars())
+        report(libpq, engine, probes)
     finally:
         if engine is not None:
             engine.dispose()
