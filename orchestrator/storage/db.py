@@ -32,7 +32,7 @@ _MIGRATION_LOCK_KEY = 0x7463706C6162  # "tcplab": serialises concurrent open_db(
 
 # Every tcplab session on PostgreSQL runs without JIT. A query that prunes partitions only at run time (the
 # run_key from a subquery) is planned, costed and JIT-compiled for every partition first: with 1,000 runs that
-# compiled ~3,000 functions, 4.5 s (45 s in parallel workers on a loaded machine), for a 3 ms scan
+# compiled ~3,000 functions, 4.5 s (45 s with parallel workers), for a 3 ms scan
 # (docs/ingest.md, "At campaign scale").
 PG_SESSION_OPTIONS = "-c jit=off"
 
