@@ -19,7 +19,6 @@ from analysis.events import load_events
 from analysis.rundata import (
     NO_SS_SAMPLES,
     PACKET_DTYPE,
-    PACKET_FIELDS,
     PROBE_DTYPE,
     PROBE_FIELDS,
     QDELAY_DTYPE,
@@ -27,7 +26,6 @@ from analysis.rundata import (
     QDISC_DTYPE,
     QDISC_FIELDS,
     SIDE_DTYPE,
-    SIDE_FIELDS,
     SS_DTYPE,
     FlowInfo,
     RunData,
@@ -38,6 +36,7 @@ from analysis.rundata import (
 )
 from analysis.runmeta import RunMeta, read_spec
 from orchestrator.plan import LinkRef
+from orchestrator.storage import packet_store
 from orchestrator.storage import tables as T
 from schemas.flag import Flag
 
@@ -93,18 +92,41 @@ def _run_key(conn: Connection, run_id: str) -> int | None:
     return conn.execute(sa.select(T.run.c.run_key).where(T.run.c.run_id == run_id)).scalar()
 
 
+def _conns_at(conn: Connection, key: int | None, point: str) -> np.ndarray:
+    """(conn_id, src_port, dst_port) of every conn of a run at one capture point."""
+    c = T.conn
+    rows = conn.execute(sa.select(c.c.conn_id, c.c.src_port, c.c.dst_port)
+                        .where(c.c.run_key == key, c.c.point == point)).all()
+    return np.array([tuple(r) for r in rows], dtype=[("conn_id", "i4"), ("src_port", "i4"), ("dst_port", "i4")])
+
+
+def _packets_of(conn: Connection, key: int | None, conns: np.ndarray, dtype: np.dtype,
+                data_only: bool = False) -> np.ndarray:
+    """The packets of `conns` (rows of _conns_at) by time, as `dtype`: the value fields read through
+    orchestrator/storage/packet_store.py (blocks on PostgreSQL, rows on SQLite), the ports from the conns."""
+    if conns.size == 0:
+        return np.empty(0, dtype)
+    fields = [n for n in dtype.names if n not in ("src_port", "dst_port")]
+    pkts = packet_store.read_packets(conn, key, conns["conn_id"].tolist(), fields)
+    if data_only:
+        pkts = pkts[pkts["payload_len"] > 0]
+    row_of_conn = np.zeros(int(conns["conn_id"].max()) + 1, np.int64)
+    row_of_conn[conns["conn_id"]] = np.arange(conns.size)
+    row = row_of_conn[pkts["conn_id"]]
+    out = np.empty(pkts.size, dtype)
+    for name in dtype.names:
+        out[name] = conns[name][row] if name in ("src_port", "dst_port") else pkts[name]
+    return out
+
+
 def load_packets(conn: Connection, key: int | None, point: str,
                  dst_ports: Sequence[int] | None = None) -> np.ndarray:
     """Data packets (payload > 0) of a run (its run_key) at one capture point, optionally to some ports,
     by time."""
-    p, c = T.packet, T.conn
-    cols = [c.c[n] if n in ("src_port", "dst_port") else p.c[n] for n in PACKET_FIELDS]
-    stmt = (sa.select(*cols).select_from(p.join(c, sa.and_(c.c.run_key == p.c.run_key, c.c.conn_id == p.c.conn_id)))
-            .where(p.c.run_key == key, c.c.point == point, p.c.payload_len > 0)
-            .order_by(p.c.ts_ns))
+    conns = _conns_at(conn, key, point)
     if dst_ports is not None:
-        stmt = stmt.where(c.c.dst_port.in_(list(dst_ports)))
-    return _to_array(conn, stmt, PACKET_DTYPE)
+        conns = conns[np.isin(conns["dst_port"], list(dst_ports))]
+    return _packets_of(conn, key, conns, PACKET_DTYPE, data_only=True)
 
 
 def load_bottleneck_qdisc(conn: Connection, key: int | None,
@@ -151,14 +173,10 @@ def load_qdelay(conn: Connection, key: int | None, dst_ports: Sequence[int]) -> 
 def load_side_packets(conn: Connection, key: int | None, point: str, ports: Sequence[int]) -> np.ndarray:
     """Every packet (both directions, handshake included) at a capture point whose source or
     destination port is one of the receiver ports, by time."""
-    p, c = T.packet, T.conn
-    cols = [c.c[n] if n in ("src_port", "dst_port") else p.c[n] for n in SIDE_FIELDS]
+    conns = _conns_at(conn, key, point)
     ports = list(ports)
-    stmt = (sa.select(*cols).select_from(p.join(c, sa.and_(c.c.run_key == p.c.run_key, c.c.conn_id == p.c.conn_id)))
-            .where(p.c.run_key == key, c.c.point == point,
-                   sa.or_(c.c.dst_port.in_(ports), c.c.src_port.in_(ports)))
-            .order_by(p.c.ts_ns))
-    return _to_array(conn, stmt, SIDE_DTYPE)
+    conns = conns[np.isin(conns["dst_port"], ports) | np.isin(conns["src_port"], ports)]
+    return _packets_of(conn, key, conns, SIDE_DTYPE)
 
 
 def ss_table(conn: Connection) -> sa.Table | None:

@@ -8,7 +8,7 @@ flows through a 600 Mbit/s bottleneck, full-size data segments with timestamps a
 two segments; N data packets, default 2,000,000 -> about 3 M packets). Then, measured in this run:
 - tcplab: a child process streams the capture through the reader into a throwaway PostgreSQL
   database (created and dropped here; admin URL from --pg, TCPLAB_BENCH_PG, TCPLAB_TEST_PG or
-  postgresql://postgres@127.0.0.1:5432/postgres) with write_run, i.e. read, conn ids, binary COPY
+  postgresql://postgres@127.0.0.1:5432/postgres) with write_run, i.e. read, conn ids, packet blocks, binary COPY
   into a new partition, BRIN index, attach and commit; packets/s and the child's peak RSS;
   also the CPU seconds of the ingest process and of its PostgreSQL backend (which bound the rate on
   a machine with spare cores), and the load average (other jobs share the cores);

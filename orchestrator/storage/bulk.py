@@ -21,7 +21,7 @@ import numpy as np
 from psycopg.copy import QueuedLibpqWriter
 from sqlalchemy import Connection, Table, types
 
-from orchestrator.storage import pgcopy, tables
+from orchestrator.storage import packet_store, pgcopy, tables
 from orchestrator.storage.pgcopy import batch_rows
 
 Batch = tuple[dict[str, Any], dict[str, np.ndarray]]
@@ -29,7 +29,7 @@ SQLITE_ROWS = 50_000  # rows turned into Python tuples at a time (SQLite path)
 QUEUE_SLICES = 256    # COPY data queued for the writer thread: 256 x 128 KiB
 
 _KINDS = {types.SmallInteger: "int2", types.BigInteger: "int8", types.Integer: "int4",
-          types.Float: "float8", types.String: "text"}
+          types.Float: "float8", types.String: "text", types.LargeBinary: "bytea"}
 
 
 def column_kind(column_type: types.TypeEngine) -> str:
@@ -97,7 +97,11 @@ class _QueuedWriter(QueuedLibpqWriter):
 def _create_partition(cur: Any, table: Table, run_key: int) -> str:
     name = partition_name(table, run_key)
     key = int(run_key)
-    cur.execute(f"CREATE TABLE {name} (LIKE {table.name} INCLUDING DEFAULTS)")
+    blocks = table is tables.packet_block
+    with_ = f" WITH ({packet_store.PARTITION_WITH})" if blocks else ""
+    cur.execute(f"CREATE TABLE {name} (LIKE {table.name} INCLUDING DEFAULTS){with_}")
+    for ddl in packet_store.PARTITION_DDL if blocks else ():
+        cur.execute(ddl.format(name=name))
     cur.execute(f"ALTER TABLE {name} ALTER COLUMN run_key SET DEFAULT {key}")
     cur.execute(f"ALTER TABLE {name} ADD CONSTRAINT {table.name}_{key}_run_key CHECK (run_key = {key})")
     return name
@@ -115,7 +119,9 @@ def drop_partitions(conn: Connection, run_key: int, count: bool = True) -> dict[
     for table in tables.PARTITIONED_TABLES:
         name = partition_name(table, run_key)
         if conn.exec_driver_sql("SELECT to_regclass(%(n)s)", {"n": name}).scalar():
-            if count:
+            if count and table is tables.packet_block:   # counted in packets, like the SQLite rows
+                rows[tables.packet.name] = packet_store.packets_in_partition(conn, name)
+            elif count:
                 rows[table.name] = conn.exec_driver_sql(f"SELECT count(*) FROM {name}").scalar_one()
             conn.exec_driver_sql(f"DROP TABLE {name}")
     return rows

@@ -30,6 +30,12 @@ SQLITE_BEGIN_OPTION = "tcplab_sqlite_begin"
 
 _MIGRATION_LOCK_KEY = 0x7463706C6162  # "tcplab": serialises concurrent open_db() on one PostgreSQL DB
 
+# Every tcplab session on PostgreSQL runs without JIT. A query that prunes partitions only at run time (the
+# run_key from a subquery) is planned, costed and JIT-compiled for every partition first: with 1,000 runs that
+# compiled ~3,000 functions, 4.5 s (45 s with parallel workers), for a 3 ms scan
+# (docs/ingest.md, "At campaign scale").
+PG_SESSION_OPTIONS = "-c jit=off"
+
 
 def default_db_url() -> str:
     """The database URL from env TCPLAB_DB, else a SQLite file results/tcplab.db under the CWD."""
@@ -114,7 +120,7 @@ def create_db_engine(url: str | URL | None = None) -> Engine:
         engine = create_engine(parsed, connect_args={"timeout": 30})
         _install_sqlite_hooks(engine)
         return engine
-    return create_engine(parsed, pool_pre_ping=True)
+    return create_engine(parsed, pool_pre_ping=True, connect_args={"options": PG_SESSION_OPTIONS})
 
 
 def writer(engine: Engine) -> Engine:

@@ -6,7 +6,9 @@ one element of a structured numpy dtype (big-endian fields, lengths as constant 
 batch is one `ndarray.tobytes()`. Columns that vary in width (text) or may be NULL split the batch into
 groups of rows that share the same widths (the same text values and the same NULL pattern); each group
 is again one structured array. Text columns are meant for low-cardinality values (addresses, qdisc
-handles): a group per distinct combination.
+handles): a group per distinct combination. A bytea column is given as an array of one fixed-width void
+type (`V<w>`), one value per row, or as a 2-D (rows, k) array of it whose k items make a row's value
+(e.g. a block of k packed packet records): the bytes are copied as they are.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import numpy as np
 HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00" * 8   # signature, flags, header extension length
 TRAILER = b"\xff\xff"
 FIXED = {"int2": ">i2", "int4": ">i4", "int8": ">i8", "float8": ">f8"}
-TYPES = (*FIXED, "text")
+TYPES = (*FIXED, "text", "bytea")
 
 
 def batch_rows(data: Mapping[str, object]) -> int:
@@ -25,14 +27,18 @@ def batch_rows(data: Mapping[str, object]) -> int:
     return next((len(v) for v in data.values() if isinstance(v, np.ndarray) and v.ndim == 1), 0)
 
 
-def _layout(cols: Sequence[tuple[str, str]], text: Mapping[str, bytes], null: set[str]) -> np.dtype:
-    fields: list[tuple[str, str]] = [("nf", ">i2")]
+def _layout(cols: Sequence[tuple[str, str]], data: Mapping[str, np.ndarray], text: Mapping[str, bytes],
+            null: set[str]) -> np.dtype:
+    fields: list[tuple[str, str | np.dtype]] = [("nf", ">i2")]
     for i, (name, kind) in enumerate(cols):
         fields.append((f"l{i}", ">i4"))
         if name in null:
             continue
         if kind == "text":
             fields.append((f"v{i}", f"S{len(text[name])}" if text[name] else "V0"))
+        elif kind == "bytea":
+            value = _void(data[name])
+            fields.append((f"v{i}", (value.dtype, value.shape[1:])))
         else:
             fields.append((f"v{i}", FIXED[kind]))
     return np.dtype(fields)
@@ -40,7 +46,7 @@ def _layout(cols: Sequence[tuple[str, str]], text: Mapping[str, bytes], null: se
 
 def _fill(cols: Sequence[tuple[str, str]], data: Mapping[str, np.ndarray], rows: np.ndarray | slice, n: int,
           text: Mapping[str, bytes], null: set[str]) -> bytes:
-    rec = np.empty(n, _layout(cols, text, null))
+    rec = np.empty(n, _layout(cols, data, text, null))
     rec["nf"] = len(cols)
     for i, (name, kind) in enumerate(cols):
         if name in null:
@@ -49,6 +55,10 @@ def _fill(cols: Sequence[tuple[str, str]], data: Mapping[str, np.ndarray], rows:
             rec[f"l{i}"] = len(text[name])
             if text[name]:
                 rec[f"v{i}"] = text[name]
+        elif kind == "bytea":
+            value = _void(data[name])
+            rec[f"l{i}"] = value.dtype.itemsize * int(np.prod(value.shape[1:]))
+            rec[f"v{i}"] = value[rows]
         else:
             rec[f"l{i}"] = np.dtype(FIXED[kind]).itemsize
             value = data[name]
@@ -92,6 +102,13 @@ def encode(cols: Sequence[tuple[str, str]], data: Mapping[str, np.ndarray],
         text = {**const, **{name: _utf8(uniq[name][combo[k]]) for k, name in enumerate(texts)}}
         null = {name for k, name in enumerate(null_names) if combo[len(texts) + k]}
         yield _fill(cols, data, rows, rows.size, text, null)
+
+
+def _void(value: object) -> np.ndarray:
+    if not (isinstance(value, np.ndarray) and value.dtype.kind == "V" and value.dtype.names is None
+            and value.ndim in (1, 2)):
+        raise TypeError("a bytea column takes a 1-D or 2-D array of one fixed-width void type (V<w>)")
+    return value
 
 
 def _utf8(value: object) -> bytes:

@@ -21,7 +21,7 @@ import psycopg
 from sqlalchemy import text
 from sqlalchemy.dialects.postgresql import psycopg as pg_psycopg
 
-from orchestrator.storage.db import default_db_url, normalize_url, sqlite_path
+from orchestrator.storage.db import PG_SESSION_OPTIONS, default_db_url, normalize_url, sqlite_path
 
 
 class QueryError(RuntimeError):
@@ -52,7 +52,8 @@ def _sqlite_query(path: Path, sql: str, params: Params | None) -> tuple[list[str
 
 def _pg_query(url: str, sql: str, params: Params | None) -> tuple[list[str], list[tuple]]:
     try:
-        conn = psycopg.connect(url, options="-c default_transaction_read_only=on", connect_timeout=10)
+        conn = psycopg.connect(url, options=f"-c default_transaction_read_only=on {PG_SESSION_OPTIONS}",
+                               connect_timeout=10)
     except psycopg.OperationalError as exc:
         raise QueryError(f"cannot connect: {exc}") from exc
     try:

@@ -1,12 +1,14 @@
 """The result database schema (SQLAlchemy Core), one definition for SQLite and PostgreSQL.
 
 Alembic migrations under orchestrator/storage/migrations create exactly these tables. The per-packet
-tables (PARTITIONED_TABLES: packet, qdelay, tcp_probe, qdisc_sample, ss_sample) carry the run's integer
-`run_key` instead of its text id; on PostgreSQL they are LIST-partitioned by run_key (one partition
-per run, in schema PARTITION_SCHEMA, created at ingest and dropped on re-ingest; the migration adds
-PARTITION BY, which SQLAlchemy metadata cannot express), on SQLite they are plain tables. Packets
-refer to `conn` (one row per direction of a 5-tuple at a capture point) instead of repeating point,
-protocol, addresses and ports. Layout choices and numbers: docs/ingest.md.
+tables carry the run's integer `run_key` instead of its text id; on PostgreSQL they are LIST-partitioned by
+run_key (PARTITIONED_TABLES: one partition per run, in schema PARTITION_SCHEMA, created at ingest and dropped
+on re-ingest; the migration adds PARTITION BY, which SQLAlchemy metadata cannot express), on SQLite they are
+plain tables. Packets refer to `conn` (one row per direction of a 5-tuple at a capture point) instead of
+repeating point, protocol, addresses and ports. PostgreSQL stores packets in blocks (`packet_block`) and
+shows them one row per packet through the view `packet`; SQLite has the `packet` table
+(orchestrator/storage/packet_store.py; `in_schema` says which table exists where). Layout choices and
+numbers: docs/ingest.md.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     SmallInteger,
     String,
@@ -202,6 +205,18 @@ packet = Table(
     Column("tsecr", BigInteger, nullable=False),
 )
 
+# PostgreSQL: up to packet_store.BLOCK_PACKETS consecutive packets of one conn, packed (packet_store.RECORD)
+packet_block = Table(
+    "packet_block", metadata,
+    Column("run_key", Integer, nullable=False),
+    Column("conn_id", Integer, nullable=False),
+    Column("block_no", Integer, nullable=False),           # write order within the run
+    Column("packets", SmallInteger, nullable=False),
+    Column("ts_first_ns", BigInteger, nullable=False),
+    Column("ts_last_ns", BigInteger, nullable=False),
+    Column("rec", LargeBinary, nullable=False),            # packets x 56 bytes, big-endian records
+)
+
 qdelay = Table(
     "qdelay", metadata,
     Column("run_key", Integer, nullable=False),
@@ -349,11 +364,13 @@ app_write = Table(
     Column("read_latency_ns", BigInteger, nullable=True),
 )
 Index("ix_app_write_run_id", app_write.c.run_id, app_write.c.flow_id)
+Index("ix_run_started_at", run.c.started_at)   # the run list, newest first, a page at a time
 
 # Per-packet tables: BRIN on (run_key, time) on PostgreSQL: built after the load of each partition in
 # one cheap pass, and packets arrive in time order per capture point; a plain B-tree on SQLite, where it
 # also serves per-run deletes.
 Index("ix_packet_run_ts", packet.c.run_key, packet.c.ts_ns, postgresql_using="brin")
+Index("ix_packet_block_run_ts", packet_block.c.run_key, packet_block.c.ts_first_ns, postgresql_using="brin")
 Index("ix_qdelay_run_ts", qdelay.c.run_key, qdelay.c.ts_in_ns, postgresql_using="brin")
 Index("ix_tcp_probe_run_ts", tcp_probe.c.run_key, tcp_probe.c.ts_ns, postgresql_using="brin")
 Index("ix_qdisc_sample_run_ts", qdisc_sample.c.run_key, qdisc_sample.c.ts_ns, postgresql_using="brin")
@@ -362,7 +379,21 @@ Index("ix_iperf_interval_run_id", iperf_interval.c.run_id)
 Index("ix_kernel_trace_run_id", kernel_trace.c.run_id, kernel_trace.c.event)
 
 PARTITION_SCHEMA = "tcplab_part"
-PARTITIONED_TABLES = (packet, qdelay, tcp_probe, qdisc_sample, ss_sample)   # keyed by run_key
+PARTITIONED_TABLES = (packet_block, qdelay, tcp_probe, qdisc_sample, ss_sample)   # PostgreSQL, keyed by run_key
+# Tables that exist on one backend only: on PostgreSQL `packet` is a view over packet_block
+BACKEND_ONLY = {"packet_block": "postgresql", "packet": "sqlite"}
+
+
+def in_schema(table_name: str, dialect: str) -> bool:
+    """Whether `table_name` is a table of the migrated schema on this backend (Alembic compares only these)."""
+    return BACKEND_ONLY.get(table_name, dialect) == dialect
+
+
+def run_key_tables(dialect: str) -> tuple[Table, ...]:
+    """The per-packet tables keyed by run_key on this backend (partitioned on PostgreSQL)."""
+    if dialect == "postgresql":
+        return PARTITIONED_TABLES
+    return (packet, *PARTITIONED_TABLES[1:])
 
 # the campaign tables share this MetaData (imported last: they import `metadata` from here)
 from orchestrator.storage import campaign_tables as _campaign_tables  # noqa: E402,F401

@@ -18,7 +18,7 @@ from sqlalchemy import Connection, Engine, Table, exc, or_, select, text
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
-from orchestrator.storage import bulk, records, tables, trials
+from orchestrator.storage import bulk, packet_store, records, tables, trials
 from orchestrator.storage.conns import ConnRegistry
 from orchestrator.storage.db import writer
 from orchestrator.storage.run_ingest import (
@@ -54,9 +54,11 @@ def _chunks(src: PacketSource) -> Iterator[np.ndarray]:
 class _Packets:
     """Packet batches of every capture point; afterwards the capture_point rows (reader counts)."""
 
-    def __init__(self, ingest: RunIngest, conns: ConnRegistry, run_key: int) -> None:
-        self.ingest, self.conns, self.run_key = ingest, conns, run_key
+    def __init__(self, ingest: RunIngest, conns: ConnRegistry, run_key: int, blocks: bool) -> None:
+        self.ingest, self.conns, self.run_key, self.blocks = ingest, conns, run_key, blocks
         self.points: list[dict[str, Any]] = []
+        self.count = 0      # packets (a PostgreSQL batch row is a block of them)
+        self.block_numbers = packet_store.BlockNumbers()
 
     def __iter__(self) -> Iterator[bulk.Batch]:
         for point_id, (label, src) in enumerate(self.ingest.packets):
@@ -65,11 +67,15 @@ class _Packets:
                 chunk["point"] = point_id
                 for observer in self.ingest.packet_observers:
                     observer.observe(label, chunk)
-                data: dict[str, Any] = {"run_key": self.run_key, "conn_id": self.conns.ids(chunk)}
-                data.update({n: chunk[n] for n in records.PACKET_VALUE_FIELDS})
+                conn_ids = self.conns.ids(chunk)
                 counts += (np.count_nonzero(chunk["proto"] == records.PROTO_TCP),
                            np.count_nonzero(chunk["proto"] == records.PROTO_UDP))
-                yield data, {}
+                self.count += chunk.size
+                if self.blocks:
+                    for data in packet_store.block_batches(conn_ids, chunk, self.block_numbers):
+                        yield data, {}
+                else:
+                    yield {"run_key": self.run_key, **packet_store.row_batch(conn_ids, chunk)}, {}
             stats = getattr(src, "stats", None)
             row = {"point_id": point_id, "point": label, "tcp": int(counts[0]), "udp": int(counts[1]),
                    "records": int(counts.sum()), "other": 0, "truncated": 0, "trailing_bytes": 0}
@@ -125,7 +131,7 @@ def _delete(conn: Connection, run_id: str, key: int | None, keep_partitions: boo
             if not keep_partitions:
                 counts.update(bulk.drop_partitions(conn, key))
         else:
-            for table in tables.PARTITIONED_TABLES:
+            for table in tables.run_key_tables(conn.dialect.name):
                 counts[table.name] = conn.execute(table.delete().where(table.c.run_key == key)).rowcount
     counts["run"] = conn.execute(tables.run.delete().where(tables.run.c.run_id == run_id)).rowcount
     return counts
@@ -194,11 +200,11 @@ def write_run(engine: Engine, ingest: RunIngest) -> IngestCounts:
         # seen every packet, and the run row is inserted once, with its final flags
         conns = ingest.conns if ingest.conns is not None else ConnRegistry()
         attach: list[Table] = []
-        packets = _Packets(ingest, conns, key)
+        packets = _Packets(ingest, conns, key, packet_store.stored_as_blocks(conn))
         with _step("packets"):
-            loaded = bulk.load(conn, tables.packet, packets, key)
-        counts["packet"] = loaded.rows
-        attach += [tables.packet] if loaded.partition else []
+            loaded = bulk.load(conn, packet_store.table(conn), packets, key)
+        counts["packet"] = packets.count
+        attach += [packet_store.table(conn)] if loaded.partition else []
         for layout in BULK_LAYOUTS:
             with _step(layout.attr):
                 loaded = bulk.load(conn, layout.table, _array_batches(ingest, layout, key), key)

@@ -9,15 +9,21 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
-from orchestrator.storage.tables import metadata
+from orchestrator.storage.tables import in_schema, metadata
 
 config = context.config
+
+
+def include_object(obj, name, type_, reflected, compare_to) -> bool:   # noqa: ANN001 (Alembic's hook)
+    """Compare only the tables this backend has: on PostgreSQL `packet` is a view over `packet_block`."""
+    return type_ != "table" or in_schema(name, context.get_bind().dialect.name)
 
 
 def _configure(connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=metadata,
+        include_object=include_object,
         compare_type=True,
         # SQLite cannot ALTER most things; batch mode lets later migrations copy-and-move tables.
         render_as_batch=connection.dialect.name == "sqlite",
