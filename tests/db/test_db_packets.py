@@ -84,7 +84,7 @@ def test_migration_0017_packs_and_unpacks_existing_packets(engine) -> None:
     write_run(engine, make_run_ingest("mg-0002", n_packets=300, seed=5))
     want = packets_expected(ingest)
     with engine.begin() as conn:
-        command.downgrade(alembic_config(conn), "0014")
+        command.downgrade(alembic_config(conn), "0016")
     assert packets_back(engine, "mg-0001") == want
     with engine.begin() as conn:
         command.upgrade(alembic_config(conn), "head")

@@ -60,7 +60,7 @@ def test_reader_reads_everything_and_changes_nothing(pg_url, roles) -> None:
         key = reader.execute("SELECT run_key FROM run").fetchone()[0]
         for sql in ("SELECT count(*) FROM run", "SELECT count(*) FROM packet", "SELECT count(*) FROM v_run",
                     "SELECT count(*) FROM v_run_qdelay", "SELECT count(*) FROM v_campaign_trend",
-                    f"SELECT count(*) FROM tcplab_part.packet_{key}"):   # a partition made after init
+                    f"SELECT count(*) FROM tcplab_part.packet_block_{key}"):   # a partition made after init
             assert reader.execute(sql).fetchone()[0] >= 0, sql
         assert reader.execute("SELECT count(*) FROM packet").fetchone()[0] == 2_000
         # the session default is read-only; turned off, the missing grants still refuse every change
@@ -68,9 +68,10 @@ def test_reader_reads_everything_and_changes_nothing(pg_url, roles) -> None:
             reader.execute("DELETE FROM run")
         reader.execute("SET default_transaction_read_only = off")
         for sql in ("INSERT INTO plan (plan_sha256, name, path, text, created_at) VALUES ('x', 'x', 'x', 'x', now())",
-                    "UPDATE run SET status = 'failed'", "DELETE FROM run", f"DELETE FROM tcplab_part.packet_{key}",
+                    "UPDATE run SET status = 'failed'", "DELETE FROM run",
+                    f"DELETE FROM tcplab_part.packet_block_{key}",
                     "CREATE TABLE mine (x int)", "CREATE TABLE tcplab_part.mine (x int)",
-                    "CREATE VIEW v_mine AS SELECT 1", "DROP VIEW v_run", "TRUNCATE packet"):
+                    "CREATE VIEW v_mine AS SELECT 1", "DROP VIEW v_run", "TRUNCATE packet_block"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 reader.execute(sql)
         assert reader.execute("SELECT status FROM run").fetchone()[0] == "complete"
