@@ -17,7 +17,7 @@ TCPLAB = str(Path(sys.executable).parent / "tcplab")
 def _nightly(tmp_path: Path) -> subprocess.CompletedProcess:
     return subprocess.run([TCPLAB, "campaign", "nightly", str(CAMPAIGN), "--units-only", "--systemd-dir",
                            str(tmp_path / "units"), "--results", str(tmp_path / "results"), "--at", "*-*-* 03:15:00"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
 
 
 def test_nightly_units_written_once_and_valid(tmp_path):

@@ -85,7 +85,7 @@ def test_ansible_itself_reads_the_repos_inventory_ini():
     # Ansible's command-line tools refuse a non-UTF-8 locale (its loader, as the manager uses it, does not)
     env = {**os.environ, "LC_ALL": "C.UTF-8"}
     out = subprocess.run([str(ANSIBLE_INVENTORY), "-i", str(REPO_INI), "--list"], capture_output=True,
-                         text=True, check=True, env=env).stdout
+                         text=True, check=True, env=env, stdin=subprocess.DEVNULL).stdout   # a blocking stdin
     doc = json.loads(out)
     assert {g: doc[g]["hosts"] for g in ("manager", "client", "aqm", "server")} == {
         "manager": ["mgr1"], "client": ["cli1"], "aqm": ["aqm1"], "server": ["srv1"]}
