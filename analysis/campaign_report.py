@@ -73,10 +73,10 @@ def verdict_estimate(row: dict) -> Any:
 
 
 def change_points(rows: Sequence[dict], numbers: dict[int, int]) -> dict[tuple[str, str], list[int]]:
-    """(cell label, variant) -> the change points (night ids) the night's trend checks found."""
-    ids = {v: k for k, v in numbers.items()}
+    """(cell label, variant) -> the change points (night ids; `numbers`: night id -> night) the night's trend
+    checks found, among the nights shown."""
     return {(r["cell_label"], r["variant"]): [k for k in ((r["detail"] or {}).get("change_points") or [])
-                                              if k in numbers or k in ids]
+                                              if k in numbers]
             for r in rows if r["kind"] == "trend"}
 
 

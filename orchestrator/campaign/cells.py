@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import json
 import re
 from pathlib import Path
 from typing import Any
 
 from orchestrator.plan import RunSpec
+from orchestrator.plan.expansion.canon import canonical_json
 from orchestrator.plan.model.kernels import KernelVariant
 from orchestrator.plan.model.paths import KeyPath, set_in
 
@@ -60,10 +60,6 @@ def variant_document(doc: dict[str, Any], kname: str, kernel_doc: dict[str, Any]
     return out
 
 
-def _canonical(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
-
-
 def cell_document(spec: RunSpec) -> dict[str, Any]:
     """What identifies the cell: the spec without run id, seed, repetition and any host's kernel."""
     doc = spec.model_dump(mode="json")
@@ -76,7 +72,7 @@ def cell_document(spec: RunSpec) -> dict[str, Any]:
 
 
 def cell_key(spec: RunSpec) -> str:
-    return hashlib.sha256(_canonical(cell_document(spec)).encode()).hexdigest()
+    return hashlib.sha256(canonical_json(cell_document(spec)).encode()).hexdigest()
 
 
 def cell_match(spec: RunSpec) -> tuple[str, str, str, int]:

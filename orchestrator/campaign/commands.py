@@ -71,22 +71,17 @@ def cmd_run(args: argparse.Namespace, console: Console, progress_factory) -> int
 
 
 def print_verdicts(console: Console, name: str, night: int, rows: list[dict]) -> None:
+    from analysis.campaign_report import fmt_value, verdict_estimate
+
     t = Table(title=f"campaign {name}, night {night}")
     for col in ("check", "metric", "kind", "cell", "variant", "estimate", "CI", "p adj", "verdict"):
         t.add_column(col)
     for r in rows:
-        d = r.get("detail", {})
-        est = d.get("ratio") if r["kind"] == "relative" else d.get("median_cand") if r["kind"] == "absolute" \
-            else d.get("step")
-        ci = d.get("ci") or [None, None]
+        d = r.get("detail") or {}
         t.add_row(str(r["check_index"]), r["metric"], r["kind"], d.get("cell_label", r.get("cell_label", ""))[:60],
-                  r["variant"], fmt(est), f"[{fmt(ci[0])}, {fmt(ci[1])}]" if ci[0] is not None else "",
-                  fmt(d.get("p_adjusted")), r["verdict"])
+                  r["variant"], fmt_value(verdict_estimate(r)), fmt_value(d["ci"]) if d.get("ci") else "",
+                  fmt_value(d.get("p_adjusted")), r["verdict"])
     Console(file=console.file, width=max(console.width, 180)).print(t)   # a log file is not 80 columns wide
-
-
-def fmt(v: float | None) -> str:
-    return "–" if v is None or v != v else f"{v:.4g}"
 
 
 def cmd_status(args: argparse.Namespace, console: Console) -> int:

@@ -155,16 +155,24 @@ class CampaignRunner:
         rows = schedule.new_trials(self.c.name, night["id"], night["night"], self.lc.cells, list(self.c.variants),
                                    targets, existing, self.c.repetitions.attempts, seeds,
                                    {p.index: p.row["plan_sha256"] for p in self.lc.plans})
-        trials.add_trials(self.db, [self._with_builds(r) for r in rows])
+        trials.add_trials(self.db, self._with_builds(rows))
 
-    def _with_builds(self, row: dict) -> dict:
-        """A trial of a built source variant expects that build's release and records its key (engine/kernel_builds)."""
-        cell = next(c for c in self.lc.cells if c.key == row["cell_key"])
-        source = next(p for p in self.lc.plans if p.index == cell.plan_index)
-        profile = load_profile(source.profile_path) if source.profile_path else None
-        kernels = effective_kernels(source.kernels.get(row["variant"], {}), profile)
-        specs, _ = attach_builds([RunSpec.model_validate(row["spec"])], kernels, source.path.parent)
-        return {**row, "spec": specs[0].model_dump(mode="json")}
+    def _with_builds(self, rows: list[dict]) -> list[dict]:
+        """Trials of a built source variant expect that build's release and record its key (engine/kernel_builds):
+        attached once per plan and variant (pinning a source variant hashes its inputs)."""
+        plan_of = {c.key: c.plan_index for c in self.lc.cells}
+        sources = {p.index: p for p in self.lc.plans}
+        groups: dict[tuple[int, str], list[dict]] = {}
+        for r in rows:
+            groups.setdefault((plan_of[r["cell_key"]], r["variant"]), []).append(r)
+        specs: dict[str, dict] = {}
+        for (plan_index, variant), group in groups.items():
+            source = sources[plan_index]
+            profile = load_profile(source.profile_path) if source.profile_path else None
+            kernels = effective_kernels(source.kernels.get(variant, {}), profile)
+            built, _ = attach_builds([RunSpec.model_validate(r["spec"]) for r in group], kernels, source.path.parent)
+            specs.update({s.run_id: s.model_dump(mode="json") for s in built})
+        return [{**r, "spec": specs[r["run_id"]]} for r in rows]
 
     def _plan_row(self, plan_sha: str) -> dict:
         p = next(p for p in self.lc.plans if p.row["plan_sha256"] == plan_sha)

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from analysis.compare import METRIC_BY_KEY
 from analysis.stats.defaults import MIN_EFFECT
 from analysis.stats.sequential import more_repetitions
@@ -137,9 +139,7 @@ def _absolute(i: int, check: Check, cell: Cell, variant: str, cand: list[float],
 
 
 def _trend(i: int, check: Check, cell: Cell, variant: str, per: dict, h: History, seed: int) -> VerdictRow:
-    series = [_clean(per.get((n, cell.key, variant), [])) for n in h.night_ids]
-    labels = list(h.night_ids)
-    kept = [(n, s) for n, s in zip(labels, series, strict=True) if s]
+    kept = [(n, s) for n in h.night_ids if (s := _clean(per.get((n, cell.key, variant), [])))]
     if len(kept) < 3:
         return VerdictRow(i, cell.key, cell.label, variant, check.metric, check.kind, NO_DATA,
                           {"nights": [n for n, _ in kept], "note": "fewer than 3 nights with values"})
@@ -147,8 +147,8 @@ def _trend(i: int, check: Check, cell: Cell, variant: str, per: dict, h: History
     verdict = "REGRESSION" if t.regression else "PASS"
     last_good = kept[t.last_good_night][0] if t.last_good_night is not None else None
     return VerdictRow(i, cell.key, cell.label, variant, check.metric, check.kind, verdict,
-                      {"nights": [n for n, _ in kept], "medians": [float(sorted(s)[len(s) // 2]) for _, s in kept],
-                       "change_points": [kept[j][0] for j in t.change_points if j < len(kept)], "step": t.step,
+                      {"nights": [n for n, _ in kept], "medians": [float(np.median(s)) for _, s in kept],
+                       "change_points": [kept[j][0] for j in t.change_points], "step": t.step,
                        "p": t.p_value, "last_good_night_id": last_good, "min_effect": min_effect_of(check),
                        "better": better_of(check)})
 

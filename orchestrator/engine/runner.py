@@ -28,7 +28,7 @@ from orchestrator.agent_client import AgentClient, AgentError, AgentUnreachable
 from orchestrator.engine import bind, capcache, hostchecks, marker, preflight, timing, verify
 from orchestrator.engine.appbind import app_start_lead_ns
 from orchestrator.engine.provenance import Provenance
-from orchestrator.engine.stopping import Hooks, timed, wait_flows_over
+from orchestrator.engine.stopping import Hooks, finish_hosts, timed, wait_flows_over
 from orchestrator.guards.finalise import RunOutcome, finalise_run
 from orchestrator.ingest.assemble import sender_ports
 from orchestrator.ingest.record import RunRecord
@@ -61,12 +61,6 @@ def _first_line(exc: BaseException) -> str:
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
-
-
-def task_flags(role: str, tasks: Iterable[protocol.TaskStatus]) -> list[Flag]:
-    """A task that finished but has a remark (a capture that lost packets: G-CAPTURE) flags the run."""
-    return [Flag(guard=t.guard or "G-TASK", host=role, message=f"{t.task_id}: {t.detail}")
-            for t in tasks if t.state == "done" and t.detail]
 
 
 class RunEngine:
@@ -287,36 +281,9 @@ class RunEngine:
             await wait_flows_over(self, tasks, tl, margins)
             self.on_phase(spec.run_id, "collect")
             clock.enter("stop")
-            ends: dict[str, list[float]] = {}
-
-            async def finish(role: str, client: AgentClient) -> protocol.CollectResult:
-                """This host's stop, collect and reset in a row, each host on its own: a host that has sent
-                its artifacts is reset while the others still send theirs."""
-                began = time.monotonic()
-                try:
-                    if margins.early_stop:
-                        await client.stop()
-                    ends[role] = [time.monotonic()]
-                    res = await client.collect(protocol.CollectArgs(run_id=spec.run_id, timeout_s=60),
-                                               sink=run_dir / role)
-                    ends[role].append(time.monotonic())
-                    return res
-                finally:
-                    evidence.append(await self.reset_one(role, client))
-                    reset_done.add(role)
-                    marks = [began, *ends.get(role, []), time.monotonic()]
-                    log.info("run end host=%s run=%s ms=%s", role, spec.run_id,
-                             "/".join(f"{(b - a) * 1000:.0f}" for a, b in zip(marks, marks[1:], strict=False)))
-
-            collected, lost = await self.settle(tasks, finish)
-            # the steps' ends on the critical path: the last host to finish each
-            clock.divide(("stop", "collect", "reset"), [max((e[i] for e in ends.values() if len(e) > i), default=0.0)
-                                                        for i in range(2)])
-            failed = [str(exc) for exc in lost.values()]
-            for role, res in collected.items():   # what the others sent is kept, also when one host failed
-                artifacts[role] = [a.model_dump(mode="json") for a in res.artifacts]
-                failed += [f"{role}/{t.task_id}: {t.detail}" for t in res.tasks if t.state != "done"]
-                flags += task_flags(role, res.tasks)
+            artifacts, end_flags, failed = await finish_hosts(self, spec.run_id, tasks, run_dir, margins, clock,
+                                                              evidence, reset_done)
+            flags += end_flags
             self.history.ready_ns.extend(timing.ready_latencies(artifacts, tl.start_ns))
             flags += [Flag(guard="G-CAPTURE" if a["kind"] == "pcap" else "G-TASK", host=role,
                            message=f"{a['task_id']}: ready {ms:.0f} ms after T0 (lead {margins.lead_ns / 1e6:.0f} ms)")
