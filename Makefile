@@ -62,7 +62,7 @@ demo: setup tracefs
 	exit $$rc
 
 test: setup vm-deps postgres tracefs
-	TCPLAB_TEST_PG=$(PG_ADMIN_URL) $(VENV)/bin/pytest -q -rs
+	TCPLAB_TEST_PG=$(PG_ADMIN_URL) $(VENV)/bin/pytest -q -rs --durations=40
 
 lint: venv
 	$(VENV)/bin/ruff check orchestrator agents analysis schemas tests bench

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 from pyroute2 import IPRoute
 
@@ -103,21 +104,29 @@ def read_fixed_offloads(dev: str) -> dict[str, bool]:
 
 
 def read_interface(dev: str) -> InterfaceReadback:
+    """Every read of one interface, run side by side: each is its own tool process (a few ms to start on a busy
+    2-core host), none writes, and the read-back sits on every run's critical path twice (apply and reset)."""
     argv = readback_argv(dev)
-    qdiscs = read_qdiscs(dev)
-    coalesce, no_coalesce = read_coalesce(dev)
-    pause, no_pause = read_pause(dev)
-    driver = read_driver(dev)
+    reads = {"qdiscs": lambda: read_qdiscs(dev), "coalesce": lambda: read_coalesce(dev),
+             "pause": lambda: read_pause(dev), "driver": lambda: read_driver(dev),
+             "class_text": lambda: procs.run(argv["tc_class_text"]).stdout, "htb": lambda: read_htb_classes(dev),
+             "features": lambda: read_features(dev), "mtu": lambda: read_link(dev)[0],
+             "neighbours": lambda: read_neighbours(dev), "routes": lambda: routes.read_routes(dev)}
+    with ThreadPoolExecutor(max_workers=len(reads), thread_name_prefix=f"readback-{dev}") as pool:
+        pending = {name: pool.submit(read) for name, read in reads.items()}
+        got = {name: fut.result() for name, fut in pending.items()}   # the first failure is raised as it was
+    qdiscs = got["qdiscs"]
+    (coalesce, no_coalesce), (pause, no_pause), driver = got["coalesce"], got["pause"], got["driver"]
     unsupported = {op: why for op, why in (("coalesce", no_coalesce), ("pause", no_pause)) if why}
     return InterfaceReadback(
         tc_qdisc=qdiscs,
-        tc_class_text=procs.run(argv["tc_class_text"]).stdout,
-        htb_classes=read_htb_classes(dev),
-        features=read_features(dev),
-        driver=driver, mtu=read_link(dev)[0], speed=read_speed(dev, driver),
+        tc_class_text=got["class_text"],
+        htb_classes=got["htb"],
+        features=got["features"],
+        driver=driver, mtu=got["mtu"], speed=read_speed(dev, driver),
         coalesce=coalesce, pause=pause, unsupported=unsupported,
-        neighbours=read_neighbours(dev),
-        routes=routes.read_routes(dev),
+        neighbours=got["neighbours"],
+        routes=got["routes"],
         raw_qdiscs=raw_readback(rawqdisc.dump(dev, RAW_KINDS)) if any(q.get("kind") in RAW_KINDS for q in qdiscs)
         else [],
     )
@@ -151,5 +160,12 @@ def readback(interfaces: list[str], sysctl_names: list[str],
         sysctls={n: read_sysctl(n) for n in sysctl_names if sysctl_path(n).exists()},
         module_params={m: {p: read_module_param(m, p) for p in params if module_param_path(m, p).exists()}
                        for m, params in (module_params or {}).items()},
-        interfaces={dev: read_interface(dev) for dev in interfaces},
+        interfaces=_each_interface(interfaces),
     )
+
+
+def _each_interface(interfaces: list[str]) -> dict[str, InterfaceReadback]:
+    if len(interfaces) < 2:
+        return {dev: read_interface(dev) for dev in interfaces}
+    with ThreadPoolExecutor(max_workers=len(interfaces), thread_name_prefix="readback") as pool:
+        return dict(zip(interfaces, pool.map(read_interface, interfaces), strict=True))

@@ -44,7 +44,7 @@ NETNS_TRACE = """  kernel_trace:
     trace_printk: true
     tracepoints:
       - timer:hrtimer_expire_entry
-      - {name: "tcp:tcp_probe", filter: "sport == 5201 || dport == 5201"}
+      - {name: "tcp:tcp_probe", filter: "dport == 5201"}   # the run's tcp_probe sampler's filter
     buffer: 4MiB
 """
 

@@ -60,6 +60,13 @@ def test_eight_complete_runs_with_packets_probes_and_qdisc_samples(quickstart_db
         assert c["packet"] > 1000 and c["tcp_probe"] > 100 and c["qdisc_sample"] > 100, (run_id, c)
         assert c["iperf_interval"] > 0 and c["host_evidence"] >= 9
         assert c["capture_point"] == 2 and c["qdelay_pair"] == 1 and c["qdelay"] > 1000, (run_id, c)
+    # the tracer kept the senders' sockets only (dport = a flow's receiver port), though the receivers' sockets
+    # live in the same kernel here and fire on every data segment
+    with engine.connect() as conn:
+        flow_ports = {r.dst_port for r in conn.execute(text("SELECT dst_port FROM flow"))}
+        probe_ports = {(r.sport, r.dport) for r in conn.execute(text("SELECT DISTINCT sport, dport FROM tcp_probe"))}
+    assert probe_ports and {d for _, d in probe_ports} <= flow_ports, probe_ports
+    assert not {s for s, _ in probe_ports} & flow_ports, probe_ports
 
 
 def test_one_flow_goodput_is_within_90_to_100_percent_of_the_htb_rate(quickstart_db):

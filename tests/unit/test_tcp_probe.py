@@ -101,3 +101,36 @@ def test_unparseable_event_names_its_line():
     lines[20] = lines[20].replace(" srtt=", " srtt_us=")   # a field renamed by some future kernel
     with pytest.raises(TcpProbeFormatError, match="line 21"):
         parse_tcp_probe("\n".join(lines), 0)
+
+
+@pytest.mark.parametrize("change", [
+    (" snd_nxt=0x", " snd_nxt=0xzz"),            # not hex
+    (" data_len=", " data_len=-"),              # not a number
+    (" mark=0x0 data_len=", " data_len="),     # a field missing: the rest shift
+    (": tcp_probe: ", ": tcp_probe: junk "),    # something before family=
+])
+def test_malformed_field_names_its_line(change):
+    lines = TRACE.splitlines()
+    lines[30] = lines[30].replace(*change, 1)
+    with pytest.raises(TcpProbeFormatError, match="line 31"):
+        parse_tcp_probe("\n".join(lines), 0)
+
+
+def test_hex_and_timestamps_parsed_exactly_beyond_32_bits():
+    """The columnar parser against Python's int() on every value, and a line with a wider fraction and a
+    full 64-bit cookie, written as some kernels print them (uppercase hex, no 0x on the cookie)."""
+    lines = TRACE.splitlines()
+    ev = next(i for i, line in enumerate(lines) if ": tcp_probe: " in line)
+    line = lines[ev]
+    stamp = line.split(": tcp_probe: ")[0].rsplit(" ", 1)[1]
+    sec = stamp.split(".")[0]
+    lines[ev] = line.replace(stamp, f"{sec}.123456789").split("sock_cookie=")[0] + "sock_cookie=FFFFFFFFFFFFFFFE"
+    probes = parse_tcp_probe("\n".join(lines), 0)
+    first = probes[0]
+    assert first["ts_ns"] == int(sec) * 1_000_000_000 + 123_456_789
+    assert int(np.int64(first["sock_cookie"]).view(np.uint64)) == 0xFFFFFFFFFFFFFFFE
+    # every other event: the same values Python's own parsing gives
+    import re
+    for probe, text in zip(probes[1:6], [x for x in lines[ev + 1:] if ": tcp_probe: " in x][:5], strict=True):
+        assert probe["snd_nxt"] == int(re.search(r"snd_nxt=0x([0-9a-f]+)", text).group(1), 16)
+        assert probe["snd_cwnd"] == int(re.search(r"snd_cwnd=(\d+)", text).group(1))
