@@ -16,6 +16,7 @@ from sqlalchemy import Engine
 
 from analysis.metrics.windows import analysis_window
 from orchestrator.guards import ack, clock, cpu, ecn, pre_run, qdisc, ss
+from orchestrator.guards.events import event_findings
 from orchestrator.guards.probe import probe_flags
 from orchestrator.ingest.assemble import assemble, clock_offsets, cpu_samples, measured_clock_offsets
 from orchestrator.ingest.record import RunRecord
@@ -86,12 +87,13 @@ def evidence_guards(record: RunRecord) -> list[Flag]:
 
 
 def measured_guards(spec: RunSpec, ingest: RunIngest) -> list[Flag]:
-    """Guards on the parsed samples: qdisc counters (M-DROP, G-NETEM, G-HTB) and ss (G-CC, G-SOCKBUF)."""
+    """Guards on the parsed samples: qdisc counters (M-DROP, G-NETEM, G-HTB), ss (G-CC, G-SOCKBUF) and the timed
+    events' records (G-FAULT)."""
     flags = [f for host, iface, arr in ingest.qdisc_samples for f in qdisc.qdisc_findings(spec, host, iface, arr)]
     ports = {r["flow_id"]: r.get("src_port") for r in ingest.flows}
     flags += [f for host, arr in ingest.ss_samples for check in (ss.ss_cc_findings, ss.ss_sockbuf_findings)
               for f in check(spec, host, arr, ports)]
-    return flags
+    return flags + event_findings(ingest.events)
 
 
 def ack_tally(spec: RunSpec, ingest: RunIngest, t0_ns: int | None) -> tuple[ack.AckTally, ...]:

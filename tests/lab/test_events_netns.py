@@ -71,7 +71,7 @@ def _goodput_bit(pkts: np.ndarray, a_ns: int, b_ns: int) -> float:
 
 
 def test_event_lags_are_small(events_run):
-    _, rows, data, _, _ = events_run
+    db, rows, data, _, _ = events_run
     assert set(rows) == {"set_rate", "ack_blackout"}
     t0 = data.meta.t0_ns
     for r in rows.values():
@@ -82,6 +82,8 @@ def test_event_lags_are_small(events_run):
     blackout = rows["ack_blackout"]
     assert blackout.end_scheduled_ns == blackout.scheduled_ns + 500_000_000
     assert 0 <= blackout.end_effective_ns - blackout.end_scheduled_ns < 20_000_000
+    # events this much in time raise no G-FAULT (its bounds: issued 20 ms, in force 100 ms)
+    assert not [f for fs in stored_flags(db).values() for f in fs if f.guard == "G-FAULT"]
 
 
 def test_set_rate_reads_back_and_shows_in_goodput(events_run):

@@ -26,6 +26,7 @@ from agents.tcbatch import PreparedTc, batch_line, failed_lines
 from analysis.events import EventRow, event_label, event_marks
 from orchestrator.engine.bind import schedule_tasks, timeline
 from orchestrator.engine.event_tasks import event_actions, event_problems
+from orchestrator.guards.events import event_findings
 from orchestrator.ingest.events import event_lag_ns, parse_event_record
 from orchestrator.inventory import Inventory
 from orchestrator.plan import PlanError, expand, load_plan_text
@@ -220,6 +221,25 @@ def test_lag_and_marks() -> None:
                                                            (6.002, "ack_blackout", 6.5)]
     assert event_label("set_loss", {"stage": {"loss": 0.01}}) == "set_loss 1%"
 
+
+
+def test_an_event_done_late_is_flagged_with_its_times() -> None:
+    """G-FAULT: the lab's records are in time; the VM-lab aqm's set_delay that a loaded CI machine issued
+    24.53 ms late and had in force at +50.75 ms (its times, from a CI log) is flagged, naming both."""
+    rows = [parse_event_record((FIXTURES / name).read_text(), host)
+            for name, host in (("set_rate.json", "aqm"), ("ack_blackout.json", "client"))]
+    assert event_findings(rows) == []
+    scheduled = 1795731849292486288
+    late = dict(rows[0], scheduled_ns=scheduled, issued_ns=scheduled + 24_530_062,
+                effective_ns=scheduled + 50_750_000)
+    (flag,) = event_findings([late])
+    assert (flag.guard, flag.host) == ("G-FAULT", "aqm")
+    assert "event 0 (set_rate on to-client) issued 24.5 ms after its scheduled time (bound 20 ms)" in flag.message
+    assert "in force" not in flag.message and flag.evidence["issued_ns"] == scheduled + 24_530_062
+    # a blackout that ends late is flagged for its end (its start in time)
+    stuck = dict(rows[1], end_effective_ns=rows[1]["end_scheduled_ns"] + 150_000_000)
+    (flag,) = event_findings([stuck])
+    assert "ended 150.0 ms after" in flag.message and "issued" not in flag.message
 
 # ---------------------------------------------------------------- agent: the prepared tc batch
 
