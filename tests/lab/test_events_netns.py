@@ -119,6 +119,32 @@ def test_ack_blackout_silences_the_receiver(events_run):
     assert before.size > 10 and inside.size == 0 and after.size > 0
 
 
+def test_a_late_event_record_flags_the_run_when_ingested(events_run, tmp_path):
+    """G-FAULT through `tcplab ingest`'s path: the run's own artifacts, its set_rate record moved 30 ms later
+    (as a loaded host would have written it), ingested into a new database, carry the flag; the run as
+    recorded does not."""
+    import shutil
+
+    from orchestrator.guards.finalise import finalise_run
+    from orchestrator.ingest.record import RunRecord
+    from orchestrator.storage.db import open_db
+
+    db, rows, data, out, _ = events_run
+    run_dir = tmp_path / data.meta.run_id
+    shutil.copytree(out / "results" / data.meta.run_id, run_dir)
+    (record,) = [p for p in run_dir.rglob("event-*.json") if json.loads(p.read_text())["action"] == "set_rate"]
+    doc = json.loads(record.read_text())
+    for key in ("issued_ns", "returned_ns", "exited_ns"):
+        doc["start"][key] = doc["scheduled_ns"] + 30_000_000 + (doc["start"][key] - doc["start"]["issued_ns"])
+    record.write_text(json.dumps(doc))
+    late_db = open_db(f"sqlite:///{tmp_path / 'late.db'}")
+    outcome = finalise_run(late_db, run_dir, RunRecord.load(run_dir))
+    (flag,) = [f for f in outcome.flags if f.guard == "G-FAULT"]
+    assert flag.host == "aqm" and "event 0 (set_rate on to-client) issued 30.0 ms after" in flag.message
+    as_recorded, late = stored_flags(db)[data.meta.run_id], stored_flags(late_db)[data.meta.run_id]
+    assert sorted(map(str, late)) == sorted(map(str, [*as_recorded, flag]))
+
+
 def test_report_marks_the_events(events_run):
     db, rows, data, out, _ = events_run
     marks = run_series(data, summarise(data)).events
