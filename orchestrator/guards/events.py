@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from orchestrator.ingest.events import event_lag_ns
 from schemas.flag import Flag
 
 ISSUE_LATE_NS = 20_000_000
@@ -22,9 +23,10 @@ EFFECTIVE_LATE_NS = 100_000_000
 
 
 def _late(label: str, scheduled: int | None, done: int | None, bound: int) -> str | None:
-    if scheduled is None or done is None or done - scheduled <= bound:
+    lag = event_lag_ns(scheduled, done) if scheduled is not None else None
+    if lag is None or lag <= bound:
         return None
-    return f"{label} {(done - scheduled) / 1e6:.1f} ms after its scheduled time (bound {bound / 1e6:.0f} ms)"
+    return f"{label} {lag / 1e6:.1f} ms after its scheduled time (bound {bound / 1e6:.0f} ms)"
 
 
 def event_findings(events: Iterable[Mapping[str, Any]]) -> list[Flag]:
