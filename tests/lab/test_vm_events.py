@@ -107,7 +107,9 @@ def measure(db) -> dict:
     q = q[np.argsort(q["ts_in_ns"], kind="stable")]
     slow = q["sojourn_ns"] >= SLOW_NS
     near = np.flatnonzero(q["ts_in_ns"] >= ev.scheduled_ns - 200_000_000)
-    step_ns = next((int(q["ts_in_ns"][i]) for i in near if slow[i:i + 50].mean() >= 0.95), None)
+    # the window's first packet must itself be slow: the 95 % allows 2 fast packets, which would otherwise put
+    # the step on a fast packet an ACK-clocked gap (several ms) before the first slow one
+    step_ns = next((int(q["ts_in_ns"][i]) for i in near if slow[i] and slow[i:i + 50].mean() >= 0.95), None)
     step_ms = (step_ns - ev.scheduled_ns) / 1e6 if step_ns is not None else float("nan")
     # what the packets around the change looked like (when the step is not where expected, this says why)
     for lo, hi in ((-100, 0), (0, 50), (50, 500), (500, 3000)):
