@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import secrets
+import socket
 import ssl
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 from websockets.asyncio.client import ClientConnection, connect, unix_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
+from orchestrator.netns_socket import connect_in_netns
 from schemas import handshake, protocol
 from schemas.validate import ProtocolError, check, check_result
 
@@ -72,10 +74,12 @@ def artifact_name_problem(name: object) -> str | None:
 
 
 class AgentClient:
-    def __init__(self, host: str, url: str, token: bytes, tls: ssl.SSLContext | None = None):
+    def __init__(self, host: str, url: str, token: bytes, tls: ssl.SSLContext | None = None,
+                 netns: str | None = None):
         """`tls`: a client context that verifies the agent's certificate against the testbed CA (and may carry
-        the manager's client certificate); used for tcp:// agents. None: plain WebSocket."""
-        self.host, self.url, self.token, self.tls = host, url, token, tls
+        the manager's client certificate); used for tcp:// agents. None: plain WebSocket.
+        `netns`: the network namespace a tcp:// agent is reached from (a UML lab's control network)."""
+        self.host, self.url, self.token, self.tls, self.netns = host, url, token, tls, netns
         self.ws: ClientConnection | None = None
         self._next_id = 0
         self.hello: protocol.HelloResult | None = None
@@ -103,9 +107,11 @@ class AgentClient:
                 if self.url.startswith("unix:"):
                     self.ws = await unix_connect(self.url.removeprefix("unix:"), uri="ws://localhost/", **limits)
                 elif self.tls is not None:
-                    self.ws = await connect(self.url.replace("tcp://", "wss://"), ssl=self.tls, **limits)
+                    self.ws = await connect(self.url.replace("tcp://", "wss://"), ssl=self.tls,
+                                            sock=await self._netns_socket(), **limits)
                 else:
-                    self.ws = await connect(self.url.replace("tcp://", "ws://"), **limits)
+                    self.ws = await connect(self.url.replace("tcp://", "ws://"), sock=await self._netns_socket(),
+                                            **limits)
         except (OSError, TimeoutError, InvalidHandshake, ConnectionClosed, ValueError) as exc:
             await self._abandon()
             raise AgentUnreachable(self.host, "hello", f"cannot connect to {self.url}: "
@@ -120,6 +126,15 @@ class AgentClient:
         except BaseException:
             await self._abandon()
             raise
+
+    async def _netns_socket(self) -> socket.socket | None:
+        """A connected socket from inside self.netns, or None (websockets connects by itself)."""
+        if self.netns is None:
+            return None
+        addr, _, port = self.url.removeprefix("tcp://").rpartition(":")
+        sock = await asyncio.to_thread(connect_in_netns, self.netns, addr, int(port), CONNECT_TIMEOUT_S)
+        sock.setblocking(False)
+        return sock
 
     async def _hello(self, client_name: str) -> protocol.HelloResult:
         assert self.ws is not None

@@ -19,7 +19,7 @@ PROFILE_HELP = ("a testbed profile (experiments/profiles/): the kernels, rates a
 
 
 def cmd_lab(args: argparse.Namespace) -> int:
-    from orchestrator.lab import netns, vm, vm_image
+    from orchestrator.lab import netns, uml, vm, vm_image
     from orchestrator.lab.request import lab_request
     from orchestrator.plan import PlanError
 
@@ -55,16 +55,22 @@ def cmd_lab(args: argparse.Namespace) -> int:
                 console.print(f"lab up (vm): {', '.join(inv['hosts'])}; guests {', '.join(v['roles'])} run "
                               f"{v['package']} ({v['release']}, {v['accel']}, {v['share']}), agents ready "
                               f"{v.get('boot_s', '?')} s after start; inventory {netns.inventory_path()}")
+            elif req.kind == "uml":
+                inv = uml.up(graph=req.graph, kernel=req.uml_kernel)
+                k = inv["uml"]["kernel"]
+                tracing = "" if k["tracing"] else "; no tracepoints in this kernel (tcp_probe refused per run)"
+                console.print(f"lab up (uml): {', '.join(inv['hosts'])} run {k['release']} ({k['source']}), agents "
+                              f"ready {inv['uml']['boot_s']} s after start{tracing}; inventory {netns.inventory_path()}")
             else:
                 inv = netns.up(graph=req.graph)
                 console.print(f"lab up: {', '.join(inv['hosts'])}; inventory {netns.inventory_path()}")
         elif args.action == "exec":
             return _lab_exec(kind, args.command)
         elif args.action == "down":
-            removed = vm.down() if kind == "vm" else netns.down()
+            removed = vm.down() if kind == "vm" else uml.down() if kind == "uml" else netns.down()
             console.print("lab down: " + ("; ".join(removed) if removed else "nothing to remove"))
         else:
-            st = vm.status() if kind == "vm" else netns.status()
+            st = vm.status() if kind == "vm" else uml.status() if kind == "uml" else netns.status()
             if args.json:
                 print(json.dumps(st, indent=2))
             else:
@@ -74,6 +80,9 @@ def cmd_lab(args: argparse.Namespace) -> int:
                     kernel = st['vm'].get('package') or 'disk'
                     console.print(f"  vm {role}: {kernel} ({st['vm']['accel']}) pid {g['pid']} "
                                   f"alive {g['alive']}; console {g['console']}")
+                for role, g in st.get("uml", {}).get("guests", {}).items():
+                    console.print(f"  uml {role}: {st['uml']['kernel']['release']} pid {g['pid']} alive {g['alive']}; "
+                                  f"console {g['console']}")
                 for a in st["agents"]:
                     where = f"pid {a['pid']}" if a.get("pid") else f"in the VM, {a.get('agent')}"
                     console.print(f"  agent {a['role']} {where}")
@@ -102,6 +111,12 @@ def _lab_exec(kind: str, command: list[str]) -> int:
         return 2
     if host.namespace:
         return subprocess.run(["ip", "netns", "exec", host.namespace, *argv], check=False).returncode
+    if kind == "uml":
+        from orchestrator.lab import uml
+        done = uml.guest_exec(argv, role=role)
+        sys.stdout.write(done.stdout)
+        sys.stderr.write(done.stderr)
+        return done.returncode
     if host.ssh:
         from orchestrator.lab.vm_disk_lab import ssh_argv
         return subprocess.run(ssh_argv(json.loads(netns.inventory_path().read_text()), role, argv),
@@ -247,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     lab = sub.add_parser("lab", help="the local lab: namespaces, or an aqm VM with namespace or VM endpoints")
     lab.add_argument("action", choices=["up", "down", "status", "exec"])
     lab.add_argument("--json", action="store_true")
-    lab.add_argument("--kind", choices=["netns", "vm"], default=None,
+    lab.add_argument("--kind", choices=["netns", "vm", "uml"], default=None,
                      help="up: netns (host kernel; the default) or vm (aqm is a QEMU guest; the profile's kind with "
                      "--profile); down/status follow the lab")
     lab.add_argument("--kernel", metavar="PACKAGE", default=None,

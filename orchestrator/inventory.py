@@ -55,6 +55,8 @@ class HostEntry(_Strict):
                                        "ansible_user, ansible_ssh_private_key_file, ansible_ssh_common_args)")
     agent_listen: str | None = Field(None, description="where the agent listens on the host, when the manager "
                                      "reaches it at another address (`agent`; e.g. through a port forward)")
+    agent_netns: str | None = Field(None, description="the network namespace on the manager's machine from which "
+                                    "a tcp:// agent is reached (a UML lab's control network lives only there)")
 
     def iface_toward(self, role: str) -> str:
         for name, entry in self.interfaces.items():
@@ -82,6 +84,7 @@ class Inventory(_Strict):
     supervisor_pid: int | None = Field(None, description="lab: pid of the lab supervisor")
     processes: list[dict[str, Any]] = Field(default_factory=list, description="lab: the supervisor's extra children")
     vm: dict[str, Any] | None = Field(None, description="VM lab: kernel image, guests, boot time")
+    uml: dict[str, Any] | None = Field(None, description="UML lab: kernel, wire namespace, hosts, boot time")
     topology: dict[str, Any] | None = Field(None, description="lab: the hosts, switches and links it was built "
                                             "as (a plan's TopologySpec)")
 
@@ -105,7 +108,7 @@ class Inventory(_Strict):
     @property
     def tags(self) -> list[str]:
         # G-VM: runs on a virtual lab never feed baselines or study tables
-        return ["smoke"] if self.kind in ("netns", "vm") else []
+        return ["smoke"] if self.kind in ("netns", "vm", "uml") else []
 
 
 def load_inventory(path: Path) -> Inventory:

@@ -32,7 +32,8 @@ from pydantic import ValidationError
 from orchestrator.inventory import InterfaceEntry, Inventory, InventoryError
 
 NOT_ROLES = frozenset({"all", "ungrouped", "manager"})
-HOST_VARS = ("agent_url", "data_ifaces", "allow_sysctl", "allow_module", "tcplab_namespace", "tcplab_agent_listen")
+HOST_VARS = ("agent_url", "data_ifaces", "allow_sysctl", "allow_module", "tcplab_namespace", "tcplab_agent_listen",
+             "tcplab_agent_netns")
 # Ansible's connection variables a host may carry: the playbooks reach it with them
 SSH_VARS = ("ansible_host", "ansible_port", "ansible_user", "ansible_ssh_private_key_file", "ansible_ssh_common_args")
 # testbed-wide variable -> Inventory field
@@ -45,7 +46,7 @@ IFACE_EXTRA = tuple(f for f in InterfaceEntry.model_fields if f not in _RESHAPED
 IFACE_KEYS = ("dev", "addr", "peer", *IFACE_EXTRA)
 _PEER_REQUIRED = InterfaceEntry.model_fields["peer_addr"].is_required()
 # what only a lab's inventory.json keeps: the manager does not read it
-LAB_BOOKKEEPING = ("prefix", "supervisor_pid", "processes", "vm", "topology")
+LAB_BOOKKEEPING = ("prefix", "supervisor_pid", "processes", "vm", "uml", "topology")
 DEFAULT_KIND = "physical"
 
 
@@ -112,6 +113,8 @@ def _host_entry(host: IniHost) -> dict[str, Any]:
         entry["namespace"] = _text(host, "tcplab_namespace", v["tcplab_namespace"])
     if "tcplab_agent_listen" in v:
         entry["agent_listen"] = _text(host, "tcplab_agent_listen", v["tcplab_agent_listen"])
+    if "tcplab_agent_netns" in v:
+        entry["agent_netns"] = _text(host, "tcplab_agent_netns", v["tcplab_agent_netns"])
     ssh = {k: str(v[k]) for k in SSH_VARS if k in v}
     if ssh:
         entry["ssh"] = ssh
@@ -210,6 +213,8 @@ def to_ini(inv: Inventory) -> str:
             hv["tcplab_namespace"] = host.namespace
         if host.agent_listen:
             hv["tcplab_agent_listen"] = host.agent_listen
+        if host.agent_netns:
+            hv["tcplab_agent_netns"] = host.agent_netns
         hv.update(host.ssh or {})
         for var in ("allow_sysctl", "allow_module"):
             if getattr(host, var):

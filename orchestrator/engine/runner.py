@@ -86,7 +86,7 @@ class RunEngine:
         for role, host in self.inv.hosts.items():
             if role in self.clients:
                 continue
-            client = AgentClient(role, host.agent, self.inv.token, tls=tls)
+            client = AgentClient(role, host.agent, self.inv.token, tls=tls, netns=host.agent_netns)
             self.hellos[role] = await client.connect()
             self.clients[role] = client
             self.remember_hello(role)

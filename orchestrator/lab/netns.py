@@ -151,7 +151,7 @@ async def _wait_for_agents(inv: dict, token: bytes, timeout_s: float, sup: subpr
                 raise LabError(f"lab supervisor exited ({sup.returncode}); see lab.log")
             if check:
                 check()
-            client = AgentClient(role, host["agent"], token)
+            client = AgentClient(role, host["agent"], token, netns=host.get("agent_netns"))
             try:
                 await client.connect("tcplab-lab")
                 await client.close()

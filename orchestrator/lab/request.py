@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.kernel.uml import UmlKernel
 from orchestrator.lab.netns import LAB_PREFIX, LabError
 from orchestrator.lab.topology import lab_topology, netns_topology
 from orchestrator.lab.vm_config import parse_vm_roles, plan_kernel_package
@@ -22,6 +23,7 @@ class LabRequest:
     graph: Graph | None           # None: the quickstart's chain
     vm_roles: tuple[str, ...]     # the guests (vm); () for a netns lab
     kernel: str | None            # a package, or a pattern with `*` (vm_image.resolve_package)
+    uml_kernel: UmlKernel | None = None   # uml: the kernel every host runs (None: the stock one)
 
 
 def guests_of(profile: Profile, specs: list, roles: list[str]) -> str:
@@ -55,6 +57,16 @@ def build_deb(key: str) -> str:
     return str(debs[0])
 
 
+def uml_build(key: str) -> UmlKernel:
+    """The `arch: um` kernel of a `tcplab kernel build` (key prefix, release or variant name)."""
+    from orchestrator.kernel.uml import find_uml_build
+
+    found = find_uml_build(key)
+    if found is None:
+        raise LabError(f"--kernel-build {key}: no `arch: um` build matches in the kernel cache (`tcplab kernel ls`)")
+    return found
+
+
 def lab_request(kind: str | None, plan_path: Path | None, profile_path: Path | None, kernel: str | None,
                 vm_roles: str | None, kernel_build: str | None = None) -> LabRequest:
     from orchestrator.plan import expand, load_plan
@@ -70,8 +82,22 @@ def lab_request(kind: str | None, plan_path: Path | None, profile_path: Path | N
             raise LabError(f"--kind {kind}, but profile {profile.name} is for a {profile.testbed.kind} lab")
         kind = profile.testbed.kind
     kind = kind or DEFAULT_KIND
+    if kind == "uml":
+        if kernel or vm_roles:
+            raise LabError("--kernel and --vm-roles are for --kind vm: every host of a UML lab is a UML kernel "
+                           "(--kernel-build KEY picks an `arch: um` build)")
+        uml_kernel = uml_build(kernel_build) if kernel_build else None
+        graph = None
+        if plan_path is not None:
+            from orchestrator.plan import load_plan
+            from orchestrator.plan.model.topology import plan_graph
+            plan = load_plan(plan_path)
+            graph = plan_graph(plan.roles, plan.topology)
+        elif profile is not None:
+            raise LabError("--profile adapts a plan: give --plan FILE too")
+        return LabRequest(kind, graph, (), None, uml_kernel)
     if (kernel or vm_roles or kernel_build) and kind != "vm":
-        raise LabError("--kernel, --kernel-build and --vm-roles need --kind vm")
+        raise LabError("--kernel, --kernel-build and --vm-roles need --kind vm (--kernel-build: or uml)")
     if kernel_build:
         if kernel:
             raise LabError("give --kernel (a Debian package) or --kernel-build (a tcplab build), not both")

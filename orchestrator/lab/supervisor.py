@@ -31,12 +31,19 @@ def agent_argv(role: str, host: dict, token_file: str, prefix: str) -> list[str]
 
 
 def start_processes(specs: list[dict]) -> dict[str, subprocess.Popen]:
-    """Extra children in order: {name, argv, pass_fds (inherited from `lab up`), ready_path (wait for it)}.
-    The supervisor closes its copy of each passed fd, so the child holds the only one."""
+    """Extra children in order: {name, argv, pass_fds (inherited from `lab up`), ready_path (wait for it),
+    stdout (a file its output is appended to; default the supervisor's)}. The supervisor closes its copy of
+    each passed fd, so the child holds the only one."""
     children = {}
     for spec in specs:
         fds = tuple(spec.get("pass_fds", ()))
-        children[spec["name"]] = subprocess.Popen(spec["argv"], stdin=subprocess.DEVNULL, pass_fds=fds)
+        out = open(spec["stdout"], "ab") if spec.get("stdout") else None   # noqa: SIM115 - the child keeps it
+        try:
+            children[spec["name"]] = subprocess.Popen(spec["argv"], stdin=subprocess.DEVNULL, pass_fds=fds,
+                                                      stdout=out, stderr=subprocess.STDOUT if out else None)
+        finally:
+            if out is not None:
+                out.close()
         for fd in fds:
             os.close(fd)
         deadline = time.monotonic() + 15

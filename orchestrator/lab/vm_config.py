@@ -111,26 +111,34 @@ def lab_macs(topo: Topology, vm_roles: tuple[str, ...], namespace_macs: dict[tup
 
 
 def guest_config(topo: Topology, role: str, port: int, macs: dict[tuple[str, str], str],
-                 module_dirs: Iterable[str] = ()) -> dict:
+                 module_dirs: Iterable[str] = (), control: tuple[str, str] = (CONTROL_MAC, CONTROL_ADDR),
+                 clock: bool = True, exec_port: int | None = None) -> dict:
     """<vm dir>/guest/guest.json for orchestrator.lab.vm_guest: interfaces by MAC, static neighbours,
     routes through the aqm (endpoints) or forwarding (aqm), the clock source and the agent's argv.
     Neighbours: every host on the interface's segment (its link's peer, or everyone on its switch).
     `module_dirs`: host directories of modules built for the guest kernel (the guest sees them read-only),
-    each an agent --module-dir."""
+    each an agent --module-dir. `control`: the control NIC's (MAC, address); `clock`: set the clock from the
+    host at boot (a UML host reads the machine's clock already); `exec_port`: serve the exec protocol on
+    that TCP port of the control address (a UML host has no virtio-serial port)."""
+    ctl_mac, ctl_addr = control
     interfaces = [{"ifname": ep.ifname, "mac": macs[(role, ep.ifname)], "addr": ep.addr, "plen": ep.plen,
                    "neighbours": [[p.addr, macs[(p.role, p.ifname)]] for p in topo.segment_peers(ep)]}
                   for ep in topo.endpoints(role)]
-    interfaces.append({"ifname": "ctl", "mac": CONTROL_MAC, "addr": CONTROL_ADDR, "plen": 24, "neighbours": []})
-    agent = ["--name", role, "--listen", f"tcp://{CONTROL_ADDR}:{port}", "--token-file", "/run/tcplab-vm/token",
+    interfaces.append({"ifname": "ctl", "mac": ctl_mac, "addr": ctl_addr, "plen": 24, "neighbours": []})
+    agent = ["--name", role, "--listen", f"tcp://{ctl_addr}:{port}", "--token-file", "/run/tcplab-vm/token",
              "--artifacts", str(AGENT_ARTIFACTS / topo.prefix / role)]
     for ep in topo.endpoints(role):
         agent += ["--interface", ep.ifname]
     for d in module_dirs:
         agent += ["--module-dir", str(d)]
-    return {"hostname": topo.namespace(role), "interfaces": interfaces,
-            "routes": [[subnet, via, dev] for r, subnet, via, dev in routes(topo) if r == role],
-            "sysctls": {"net.ipv4.ip_forward": "1"} if role in topo.routers() else {},
-            "clock": [CLOCK_ADDR, CLOCK_PORT], "agent": agent}
+    cfg = {"hostname": topo.namespace(role), "interfaces": interfaces,
+           "routes": [[subnet, via, dev] for r, subnet, via, dev in routes(topo) if r == role],
+           "sysctls": {"net.ipv4.ip_forward": "1"} if role in topo.routers() else {}, "agent": agent}
+    if clock:
+        cfg["clock"] = [CLOCK_ADDR, CLOCK_PORT]
+    if exec_port is not None:
+        cfg["exec_listen"] = [ctl_addr, exec_port]
+    return cfg
 
 
 def paths_to_keep(needed: Iterable[Path]) -> list[str]:

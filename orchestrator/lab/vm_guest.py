@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import hmac
 import json
 import os
 import signal
@@ -136,18 +137,56 @@ def serve_exec(port: Path) -> None:
             time.sleep(0.5)
 
 
+MAX_REQUEST = 1 << 20          # one request line over TCP; argv is all it carries
+
+
+def serve_exec_tcp(addr: str, port: int, token: bytes) -> None:
+    """Forever: the exec protocol on addr:port (a UML host's control address: it has no virtio-serial port).
+    One client at a time; a request must carry the lab's token (`token` field), compared in constant time.
+    The control network exists only inside the lab's own namespace; the token keeps the other hosts out."""
+    with socket.create_server((addr, port), backlog=4) as server:
+        while True:
+            conn, _ = server.accept()
+            with conn:
+                conn.settimeout(30)
+                try:
+                    _serve_exec_conn(conn, token)
+                except (OSError, ValueError):
+                    pass
+
+
+def _serve_exec_conn(conn: socket.socket, token: bytes) -> None:
+    buf = b""
+    while len(buf) <= MAX_REQUEST:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            req = json.loads(line)
+            if not isinstance(req, dict) or not hmac.compare_digest(str(req.pop("token", "")).encode(), token):
+                conn.sendall(json.dumps({"id": None, "rc": 13, "stdout": "",
+                                         "stderr": "exec: bad or missing token"}).encode() + b"\n")
+                return
+            conn.sendall(json.dumps({"id": req.get("id"), **run_request(req)}).encode() + b"\n")
+
+
 def guest_exec(socket_path: Path, argv: list[str], timeout_s: float = 60.0) -> dict:
     """Host end: run argv in the guest; {rc, stdout, stderr}."""
     return guest_request(socket_path, {"argv": argv, "timeout": timeout_s}, timeout_s + 15)
 
 
-def guest_request(socket_path: Path, request: dict, timeout_s: float = 30.0) -> dict:
-    """Host end of one request. Replies meant for an earlier client (one that gave up) carry another
+def guest_request(socket_path: Path | socket.socket, request: dict, timeout_s: float = 30.0) -> dict:
+    """Host end of one request, over the guest's exec socket path or a socket already connected to its exec
+    port (it is closed afterwards). Replies meant for an earlier client (one that gave up) carry another
     id and are skipped."""
     req_id = os.urandom(8).hex()
-    with socket.socket(socket.AF_UNIX) as s:
+    sock = socket_path if isinstance(socket_path, socket.socket) else socket.socket(socket.AF_UNIX)
+    with sock as s:
         s.settimeout(timeout_s)
-        s.connect(str(socket_path))
+        if not isinstance(socket_path, socket.socket):
+            s.connect(str(socket_path))
         s.sendall(json.dumps({**request, "id": req_id}).encode() + b"\n")
         buf = b""
         while True:
@@ -160,6 +199,11 @@ def guest_request(socket_path: Path, request: dict, timeout_s: float = 30.0) -> 
                 reply = json.loads(line)
                 if reply.get("id") == req_id:
                     return reply
+
+
+def _token_file(cfg: dict) -> str:
+    agent = cfg["agent"]
+    return agent[agent.index("--token-file") + 1]
 
 
 def say(msg: str) -> None:
@@ -182,6 +226,12 @@ def main(config_path: str) -> int:
     if port and os.fork() == 0:  # its children are its own; PID 1 below reaps only what it leaves
         serve_exec(port)
         os._exit(0)
+    if cfg.get("exec_listen"):
+        addr, tcp_port = cfg["exec_listen"]
+        port = f"tcp {addr}:{tcp_port}"
+        if os.fork() == 0:
+            serve_exec_tcp(addr, int(tcp_port), Path(_token_file(cfg)).read_bytes().strip())
+            os._exit(0)
     agent = subprocess.Popen([sys.executable, "-m", "agents", *cfg["agent"]], stdin=subprocess.DEVNULL)
     say(f"network configured; exec port {port}; agent pid {agent.pid}")
     while True:  # PID 1: reap everything; the agent's exit ends the VM

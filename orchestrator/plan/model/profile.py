@@ -23,8 +23,9 @@ GUESTS_WITH_KERNEL = "with_kernel"
 class Testbed(Strict):
     """The lab a profile is for: `tcplab lab up --plan P --profile F` builds it."""
 
-    kind: Literal["netns", "vm", "physical"] = _f(..., "netns: namespaces on this machine (its kernel); vm: QEMU "
-                                                  "guests for some hosts; physical: hosts of an inventory.ini",
+    kind: Literal["netns", "vm", "uml", "physical"] = _f(..., "netns: namespaces on this machine (its kernel); vm: "
+                                                         "QEMU guests for some hosts; uml: every host a User-Mode "
+                                                         "Linux kernel; physical: hosts of an inventory.ini",
                                                   "vm")
     guests: list[RoleName] | Literal["all", "with_kernel"] = _f(
         GUESTS_WITH_KERNEL, "vm: the hosts that are guests: a list of roles, `all`, or `with_kernel` (every host "

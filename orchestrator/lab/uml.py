@@ -1,0 +1,248 @@
+"""The UML lab (effects): `up`, `down`, `status`, `exec` for `tcplab lab up --kind uml`.
+
+Every host of the topology is a User-Mode Linux kernel (orchestrator.kernel.uml: a project build, or Debian's
+`linux.uml` while none is cached), an ordinary process of this machine: no KVM, native speed, the
+machine's clock. Its layout is data (orchestrator.lab.uml_config): the taps, bridges and control network
+live in the lab's own wire namespace; the UML processes are children of the lab supervisor, started inside
+that namespace; the agents listen on the control network, and the manager reaches them (and each host's
+exec port) with sockets opened inside the namespace. `down` stops the supervisor (a UML kernel ends at
+once on SIGTERM), then whatever is left in the lab's namespaces, by pid.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from orchestrator.kernel.uml import UmlKernel, stock_uml
+from orchestrator.lab import netns, vm_guest
+from orchestrator.lab.netns import LAB_PREFIX, STATE_DIR, LabError, inventory_path
+from orchestrator.lab.topology import lab_topology, netns_topology
+from orchestrator.lab.uml_config import (
+    AGENT_PORT,
+    EXEC_PORT,
+    control_addr,
+    host_config,
+    lab_macs,
+    stage1_env,
+    uml_argv,
+    uml_dir,
+    wire_argv,
+    wire_namespace,
+)
+from orchestrator.lab.vm_config import paths_to_keep
+from orchestrator.lab.vm_host import REPO_ROOT, guest_interpreter
+from orchestrator.netns_socket import connect_in_netns
+from orchestrator.plan.model.topology import Graph
+from schemas import procs
+
+KIND = "uml"
+STACK_LINE = re.compile(r"^ (\[<[0-9a-f]+>\]|[0-9a-f]{8} )")   # a panic's stack and call trace
+PROCESS = "uml-"                         # supervisor children: uml-<role>
+MODULES_MOUNT_POINT = Path("/lib/modules")
+STAGE1 = REPO_ROOT / "orchestrator" / "lab" / "uml_init.sh"
+
+
+def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, kernel: UmlKernel | None = None,
+       graph: Graph | None = None, timeout_s: float = 60.0, module_dirs: tuple[str, ...] = ()) -> dict:
+    """The lab of `graph` (default: the quickstart's chain), every host a UML kernel (`kernel`, default the
+    stock one). A healthy UML lab of the same topology and kernel is kept; any other lab is refused (a
+    netns or vm lab: take it down first) or, when broken, taken down. `module_dirs`: directories of modules
+    built for this kernel, each an agent --module-dir."""
+    topo = netns_topology(prefix) if graph is None else lab_topology(graph, prefix)
+    kernel = kernel or stock_uml()
+    if kernel is None:
+        raise LabError("the UML lab needs a UML kernel: `apt-get install user-mode-linux` (or `make uml-deps`), "
+                       "or a `tcplab kernel build` of an `arch: um` variant")
+    if inventory_path(state_dir).exists() or netns.lab_namespaces(prefix):
+        kind = lab_kind(state_dir)
+        if kind != KIND and netns._supervisor_pid(state_dir):
+            raise LabError(f"a {kind} lab is up in {state_dir}: run `tcplab lab down` first")
+        if kind == KIND and status(state_dir, prefix)["healthy"]:
+            inv = json.loads(inventory_path(state_dir).read_text())
+            if (inv.get("topology") == netns.topology_dict(topo) and inv[KIND]["kernel"] == kernel.to_json()
+                    and inv[KIND].get("module_dirs", []) == list(module_dirs)):
+                return inv
+        down(state_dir, prefix)
+    try:
+        for argv in wire_argv(topo):
+            procs.run(argv)
+        state_dir.mkdir(parents=True, exist_ok=True)
+        (state_dir / "uml").mkdir(exist_ok=True)
+        token_file = state_dir / "token"
+        token_file.touch(mode=0o600)
+        token_file.write_text(secrets.token_hex(32))
+        agents = {role: f"tcp://{control_addr(topo, role)}:{AGENT_PORT}" for role in topo.hosts}
+        inv = netns.inventory_dict(topo, KIND, token_file, lab_macs(topo), agents, dict.fromkeys(topo.hosts))
+        for host in inv["hosts"].values():
+            host["agent_netns"] = wire_namespace(prefix)
+        if kernel.modules_root is not None:
+            # the guests mount their kernel's modules there (hostfs is read-only: the mount point must exist);
+            # every Debian system has it, a machine whose kernel has no modules may not
+            MODULES_MOUNT_POINT.mkdir(parents=True, exist_ok=True)
+        python, needed = guest_interpreter()
+        keep = paths_to_keep(needed)
+        inv["processes"], guests = [], {}
+        for role in topo.hosts:
+            gdir = _prepare_guest_dir(state_dir, role, token_file, host_config(topo, role, module_dirs))
+            env = stage1_env(gdir / "guest", python, REPO_ROOT, keep, kernel.modules_root)
+            inv["processes"].append({"name": f"{PROCESS}{role}", "stdout": str(gdir / "console.log"),
+                                     "argv": uml_argv(kernel.binary, topo, role, state_dir, STAGE1, env)})
+            guests[role] = {"console": str(gdir / "console.log"), "control_addr": control_addr(topo, role)}
+        inv[KIND] = {"kernel": kernel.to_json(), "wire_namespace": wire_namespace(prefix), "guests": guests,
+                     "module_dirs": list(module_dirs)}
+        return _start(state_dir, inv, timeout_s)
+    except BaseException:
+        down(state_dir, prefix)
+        raise
+
+
+def _prepare_guest_dir(state_dir: Path, role: str, token_file: Path, config: dict) -> Path:
+    """<state>/uml-<role>/ with guest/ (0700: token 0600, guest.json), which stage 1 copies at boot."""
+    gdir = uml_dir(state_dir, role)
+    gdir.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(gdir / "guest", ignore_errors=True)
+    (gdir / "guest").mkdir(mode=0o700)
+    shutil.copy(token_file, gdir / "guest" / "token")
+    (gdir / "guest" / "guest.json").write_text(json.dumps(config, indent=2))
+    (gdir / "console.log").unlink(missing_ok=True)
+    return gdir
+
+
+def _start(state_dir: Path, inv: dict, timeout_s: float) -> dict:
+    """Start the supervisor (it starts every UML kernel), then wait until every agent answers."""
+    inventory_path(state_dir).write_text(json.dumps(inv, indent=2))
+    netns.write_inventory_ini(state_dir, inv)
+    started = time.monotonic()
+    with open(state_dir / "lab.log", "ab") as log_file:
+        sup = subprocess.Popen([sys.executable, "-m", "orchestrator.lab.supervisor", str(state_dir)],
+                               stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
+                               start_new_session=True, cwd=str(REPO_ROOT))
+    inv["supervisor_pid"] = sup.pid
+    inventory_path(state_dir).write_text(json.dumps(inv, indent=2))
+    asyncio.run(netns._wait_for_agents(inv, Path(inv["token_file"]).read_bytes(), timeout_s, sup,
+                                       check=lambda: _check_hosts(state_dir)))
+    inv[KIND]["boot_s"] = round(time.monotonic() - started, 2)
+    inventory_path(state_dir).write_text(json.dumps(inv, indent=2))
+    return inv
+
+
+def _children(state_dir: Path) -> dict[str, int]:
+    try:
+        return json.loads((state_dir / "agents.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _verified(pid: int | None, marker: str) -> int | None:
+    """pid, if that process is alive and its command line names `marker` (never kill a reused pid)."""
+    try:
+        return pid if pid and netns.pid_alive(pid) and marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes() \
+            else None
+    except OSError:
+        return None
+
+
+def _console_tail(path: Path, lines: int = 15) -> str:
+    """The console's last lines, without a panic's stack dump (its cause is above it)."""
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no console log)"
+    return "\n".join([ln for ln in text if not STACK_LINE.match(ln)][-lines:])
+
+
+def _check_hosts(state_dir: Path) -> None:
+    for name, pid in _children(state_dir).items():
+        if name.startswith(PROCESS) and not netns.pid_alive(pid):
+            role = name.removeprefix(PROCESS)
+            raise LabError(f"the {role} UML kernel exited; its console ({uml_dir(state_dir, role) / 'console.log'}):"
+                           f"\n{_console_tail(uml_dir(state_dir, role) / 'console.log')}")
+
+
+def lab_kind(state_dir: Path = STATE_DIR) -> str:
+    try:
+        return json.loads(inventory_path(state_dir).read_text())["kind"]
+    except (OSError, json.JSONDecodeError, KeyError):
+        return KIND if any(state_dir.glob("uml-*/guest")) else "netns"
+
+
+def down(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX) -> list[str]:
+    """Stop the supervisor (which stops every UML kernel), then anything left in the lab's namespaces by pid
+    (netns.down); each host's console.log stays for the post-mortem."""
+    marker = str(state_dir / "uml")
+    hosts = [p for n, p in _children(state_dir).items() if n.startswith(PROCESS) and _verified(p, marker)]
+    removed = []
+    sup = netns._supervisor_pid(state_dir)
+    if sup:
+        netns._kill_pids([sup], grace_s=20)
+        removed.append(f"supervisor {sup}")
+    left = [p for p in hosts if _verified(p, marker)]
+    netns._kill_pids(left)
+    removed += [f"uml process {p}" for p in left]
+    removed += netns.down(state_dir, prefix)
+    for gdir in sorted(state_dir.glob("uml-*")) if state_dir.exists() else []:
+        shutil.rmtree(gdir / "guest", ignore_errors=True)
+    for umid_dir in sorted((state_dir / "uml").glob(f"{prefix}-*")) if (state_dir / "uml").is_dir() else []:
+        shutil.rmtree(umid_dir, ignore_errors=True)      # a killed kernel leaves its pid file and mconsole socket
+        removed.append(f"uml dir {umid_dir.name}")
+    return removed
+
+
+def _inventory(state_dir: Path) -> dict:
+    try:
+        return json.loads(inventory_path(state_dir).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def guest_exec(argv: list[str], role: str, state_dir: Path = STATE_DIR, timeout_s: float = 60.0) -> procs.Completed:
+    """Run argv as root on a UML host over its exec port (the lab's `ip netns exec`)."""
+    inv = _inventory(state_dir)
+    if inv.get("kind") != KIND or role not in inv.get("hosts", {}):
+        raise LabError(f"no UML host {role!r} in the lab (is a UML lab up?)")
+    token = Path(inv["token_file"]).read_text().strip()
+    try:
+        sock = connect_in_netns(inv[KIND]["wire_namespace"], inv[KIND]["guests"][role]["control_addr"], EXEC_PORT)
+        r = vm_guest.guest_request(sock, {"argv": argv, "timeout": timeout_s, "token": token}, timeout_s + 15)
+    except OSError as exc:
+        raise LabError(f"exec on the {role} UML host: {exc}") from None
+    return procs.Completed(argv, r["rc"], r["stdout"], r["stderr"])
+
+
+def status(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX) -> dict:
+    st = netns.status(state_dir, prefix)
+    inv = _inventory(state_dir)
+    info = inv.get(KIND, {})
+    pids = _children(state_dir)
+    marker = str(state_dir / "uml")
+    agents, guests = [], {}
+    for role, g in info.get("guests", {}).items():
+        pid = pids.get(f"{PROCESS}{role}")
+        alive = bool(_verified(pid, marker))
+        guests[role] = {"pid": pid, "alive": alive, "console": g["console"]}
+        agents.append({"role": role, "pid": None, "alive": alive, "agent": inv["hosts"][role]["agent"]})
+        seen = _guest_links(state_dir, role) if alive else {}
+        for ifname, i in inv["hosts"][role]["interfaces"].items():
+            state, addrs = seen.get(ifname, ("?", [i["addr"]]))
+            st["links"].append({"namespace": f"uml:{prefix}-{role}", "ifname": ifname, "state": state, "addr": addrs})
+    healthy = (inv.get("kind") == KIND and st["namespaces"] == [wire_namespace(prefix)] and bool(agents)
+               and len(agents) == len(inv["hosts"]) and all(a["alive"] for a in agents))
+    return {"healthy": healthy, "kind": KIND, "inventory": st["inventory"], "namespaces": st["namespaces"],
+            "agents": [a for a in agents if a["alive"]], "links": st["links"],
+            KIND: {"kernel": info.get("kernel"), "boot_s": info.get("boot_s"), "guests": guests}}
+
+
+def _guest_links(state_dir: Path, role: str) -> dict[str, tuple[str, list[str]]]:
+    try:
+        out = guest_exec(["ip", "-j", "-br", "addr", "show"], role, state_dir, timeout_s=5).stdout
+        return {lk["ifname"]: (lk["operstate"], [a["local"] for a in lk.get("addr_info", [])])
+                for lk in json.loads(out or "[]")}
+    except (LabError, ValueError, KeyError):
+        return {}
