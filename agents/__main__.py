@@ -14,6 +14,7 @@ from websockets.asyncio.server import serve, unix_serve
 
 from agents.admission import PreAuthLimits
 from agents.connections import BoundedLogFilter, gated_connection_factory
+from agents.host.capabilities import set_instance_prefix
 from agents.rootdir import ensure_artifacts_root
 from agents.server import Agent, ensure_tracefs
 from schemas import allowlist
@@ -40,6 +41,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--module-dir", action="append", default=[], type=Path, metavar="DIR",
                    help="directory of module files (<name>.ko) the agent may insmod for a plan (repeatable); only "
                    "allow-listed names are loaded, anything else by modprobe")
+    p.add_argument("--trace-prefix", default="tcplab", metavar="PREFIX",
+                   help="first word of the tracefs instances this agent creates: a lab's prefix, so that its "
+                   "`lab down` removes them and no other lab's (letters and digits)")
     p.add_argument("--tls-cert", type=Path, help="PEM certificate (chain) of this agent: TLS on tcp://")
     p.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
     p.add_argument("--tls-client-ca", type=Path,
@@ -54,7 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     try:   # checked here, so a typo stops the agent at start and not a run
         allowlist.sysctl_prefixes(args.allow_sysctl)
         allowlist.modules(args.allow_module)
-    except allowlist.AllowListError as exc:
+        set_instance_prefix(args.trace_prefix)
+    except (allowlist.AllowListError, ValueError) as exc:
         p.error(str(exc))
     return args
 

@@ -1,7 +1,7 @@
 """The kernel_trace task: kernel-side timing in a private tracefs instance (docs/plans.md#kernel_trace).
 
 Events are global across network namespaces and every agent on a kernel shares tracefs, so the task works in
-its own instance (`instances/tcplab-kt-<pid>-<task>`, trace_clock mono) and creates kprobe/kretprobe events
+its own instance (`instances/<prefix>-kt-<pid>-<task>`, trace_clock mono) and creates kprobe/kretprobe events
 under names no one else uses (schemas/ktrace.py event_base). It removes exactly what it created -- its events
 and its instance -- when the run ends, when it is stopped (reset) and when it fails. Every string it writes
 is built by schemas/ktrace.py from schema-valid fields; every read is bounded (MAX_ARTIFACT_BYTES a section).
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
-from agents.host.capabilities import tracefs_root
+from agents.host.capabilities import instance_name, tracefs_root
 from agents.taskbase import TaskRunner, realtime_minus_mono_ns
 from schemas import ktrace
 
@@ -174,7 +174,7 @@ class KernelTrace(TaskRunner):
         root = tracefs_root()
         if root is None:
             raise RuntimeError("tracefs is not mounted")
-        inst = root / "instances" / f"tcplab-kt-{os.getpid()}-{self.task_id}"
+        inst = root / "instances" / instance_name("kt", self.task_id)
         self.created: list[str] = []
         inst.mkdir()
         try:

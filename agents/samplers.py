@@ -10,7 +10,7 @@ import time
 
 from agents.children import spawn
 from agents.host.argv import tc_handle
-from agents.host.capabilities import tracefs_root
+from agents.host.capabilities import instance_name, tracefs_root
 from agents.taskbase import TaskRunner, missed_remark, next_beat, realtime_minus_mono_ns
 from schemas import procs
 from schemas.qdiscs import decoded_xstats
@@ -32,7 +32,7 @@ class TcpProbe(TaskRunner):
         root = tracefs_root()
         if root is None:
             raise RuntimeError("tracefs is not mounted")
-        inst = root / "instances" / f"tcplab-{os.getpid()}-{self.task_id}"
+        inst = root / "instances" / instance_name("tp", self.task_id)
         inst.mkdir()
         saving = None
         try:

@@ -60,7 +60,8 @@ def cmd_lab(args: argparse.Namespace) -> int:
                 k = inv["uml"]["kernel"]
                 tracing = "" if k["tracing"] else "; no tracepoints in this kernel (tcp_probe refused per run)"
                 console.print(f"lab up (uml): {', '.join(inv['hosts'])} run {k['release']} ({k['source']}), agents "
-                              f"ready {inv['uml']['boot_s']} s after start{tracing}; inventory {netns.inventory_path()}")
+                              f"ready {inv['uml']['boot_s']} s after start{tracing}; "
+                              f"inventory {netns.inventory_path()}")
             else:
                 inv = netns.up(graph=req.graph)
                 console.print(f"lab up: {', '.join(inv['hosts'])}; inventory {netns.inventory_path()}")
@@ -84,7 +85,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
                     console.print(f"  uml {role}: {st['uml']['kernel']['release']} pid {g['pid']} alive {g['alive']}; "
                                   f"console {g['console']}")
                 for a in st["agents"]:
-                    where = f"pid {a['pid']}" if a.get("pid") else f"in the VM, {a.get('agent')}"
+                    where = f"pid {a['pid']}" if a.get("pid") else f"on its guest, {a.get('agent')}"
                     console.print(f"  agent {a['role']} {where}")
                 for link in st["links"]:
                     console.print(f"  {link['namespace']} {link['ifname']} {link['state']} {' '.join(link['addr'])}")

@@ -24,6 +24,11 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# the labs tcplab builds on one machine (orchestrator/lab): the manager shares their CPUs, their topology is
+# rebuilt with `lab up --plan`, and their runs are tagged smoke (G-VM)
+LAB_KINDS = ("netns", "vm", "uml")
+
+
 class InterfaceEntry(_Strict):
     toward: str
     addr: str
@@ -108,7 +113,7 @@ class Inventory(_Strict):
     @property
     def tags(self) -> list[str]:
         # G-VM: runs on a virtual lab never feed baselines or study tables
-        return ["smoke"] if self.kind in ("netns", "vm", "uml") else []
+        return ["smoke"] if self.kind in LAB_KINDS else []
 
 
 def load_inventory(path: Path) -> Inventory:

@@ -7,6 +7,7 @@ allow-listed or foreign interface is touched).
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import socket
 from pathlib import Path
@@ -52,6 +53,24 @@ TOOLS = {
     "ethtool": ["ethtool", "--version"],
     "ip": ["ip", "-V"],
 }
+
+
+# tracefs instances are kernel-wide: on a host several labs share (netns labs), each agent names its instances
+# with its lab's prefix (--trace-prefix), so `lab down` of one lab removes its own and no other's
+INSTANCE_PREFIX = ["tcplab"]
+INSTANCE_PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,15}$")
+
+
+def set_instance_prefix(prefix: str) -> None:
+    if not INSTANCE_PREFIX_RE.match(prefix):
+        raise ValueError(f"tracefs instance prefix {prefix!r}: expected a lowercase name of letters and digits")
+    INSTANCE_PREFIX[0] = prefix
+
+
+def instance_name(kind: str, task_id: str) -> str:
+    """`<prefix>-<kind>-<pid>-<task>`: the lab's prefix first (`lab down` removes `<prefix>-*`), then what
+    makes it unique on the host."""
+    return f"{INSTANCE_PREFIX[0]}-{kind}-{os.getpid()}-{task_id}"
 
 
 def tracefs_root() -> Path | None:

@@ -35,7 +35,7 @@ from orchestrator.engine import bind, timing
 from orchestrator.engine.ingest_worker import IngestWorker
 from orchestrator.engine.runner import PENDING, Hooks, RunEngine, RunOutcome
 from orchestrator.ingest.record import RunRecord
-from orchestrator.inventory import Inventory
+from orchestrator.inventory import LAB_KINDS, Inventory
 from orchestrator.plan import RunSpec
 
 log = logging.getLogger("tcplab.manager")
@@ -52,9 +52,9 @@ def _is_local(host: str) -> bool:
 
 
 def manager_shares_cpus(inv: Inventory) -> bool:
-    """Whether the manager runs on a testbed host: always on the netns and VM labs (one machine), on a
-    physical testbed when an agent's address is this machine's."""
-    if inv.kind in ("netns", "vm"):
+    """Whether the manager runs on a testbed host: always on the labs (one machine), on a physical testbed
+    when an agent's address is this machine's."""
+    if inv.kind in LAB_KINDS:
         return True
     return any(_is_local(urlsplit(h.agent).hostname or "") for h in inv.hosts.values())
 

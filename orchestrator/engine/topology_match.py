@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.inventory import Inventory
+from orchestrator.inventory import LAB_KINDS, Inventory
 from orchestrator.plan import TopologySpec
 
 
@@ -17,7 +17,7 @@ def topology_mismatch(need: TopologySpec | None, inv: Inventory, plan_path: Path
     same links; otherwise one sentence saying so and how to fix it."""
     if need is None:
         return None
-    fix = (f"run `tcplab lab up --plan {plan_path}`" if inv.kind in ("netns", "vm")
+    fix = (f"run `tcplab lab up --plan {plan_path}`" if inv.kind in LAB_KINDS
            else "give the inventory a host for each role, with interfaces toward its neighbours")
     have = list(inv.hosts)
     if not set(need.hosts) <= set(have):

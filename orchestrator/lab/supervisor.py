@@ -20,7 +20,7 @@ from schemas.atomic import write_atomic
 def agent_argv(role: str, host: dict, token_file: str, prefix: str) -> list[str]:
     argv = ["ip", "netns", "exec", host["namespace"], sys.executable, "-m", "agents", "--name", role,
             "--listen", host["agent"], "--token-file", token_file,
-            "--artifacts", str(AGENT_ARTIFACTS / prefix / role)]
+            "--artifacts", str(AGENT_ARTIFACTS / prefix / role), "--trace-prefix", prefix]
     for ifname in host["interfaces"]:
         argv += ["--interface", ifname]
     for sysctl_prefix in host.get("allow_sysctl", []):     # the testbed's allow-lists (none: the agent's defaults)

@@ -25,8 +25,9 @@ TRACEFS = Path("/sys/kernel/tracing")
 
 
 def own_leftovers() -> list[str]:
-    """tcplab-kt instances and tcplab kprobe events on this machine's tracefs (the netns lab's agents share it)."""
-    inst = [p.name for p in (TRACEFS / "instances").iterdir() if p.name.startswith("tcplab-kt-")]
+    """kernel-trace instances (the lab's agents name them `<prefix>-kt-...`; in-process tasks `tcplab-kt-...`) and
+    tcplab kprobe events on this machine's tracefs (the netns lab's agents share it)."""
+    inst = [p.name for p in (TRACEFS / "instances").iterdir() if p.name.startswith((f"{PREFIX}-kt-", "tcplab-kt-"))]
     kp = TRACEFS / "kprobe_events"
     events = [ln for ln in kp.read_text().splitlines() if "tcplab/" in ln] if kp.exists() else []
     return inst + events
