@@ -84,6 +84,9 @@ class Inventory(_Strict):
     tls_client_cert: str | None = Field(None, description="PEM client certificate of the manager (agents "
                                         "started with --tls-client-ca require one)")
     tls_client_key: str | None = Field(None, description="PEM private key of tls_client_cert")
+    shared_clock: bool = Field(False, description="every host reads the manager's own clock (a UML lab: each "
+                               "kernel reads the machine's): the measured offsets are recorded, not applied, "
+                               "and no G-CLOCK can arise")
     # the labs' own bookkeeping in the same file (orchestrator/lab); the manager does not read it
     prefix: str | None = Field(None, description="lab: namespace/interface name prefix")
     supervisor_pid: int | None = Field(None, description="lab: pid of the lab supervisor")

@@ -38,7 +38,8 @@ HOST_VARS = ("agent_url", "data_ifaces", "allow_sysctl", "allow_module", "tcplab
 SSH_VARS = ("ansible_host", "ansible_port", "ansible_user", "ansible_ssh_private_key_file", "ansible_ssh_common_args")
 # testbed-wide variable -> Inventory field
 TESTBED_VARS = {"tcplab_token_file": "token_file", "tcplab_kind": "kind", "tcplab_tls_ca": "tls_ca",
-                "tcplab_tls_client_cert": "tls_client_cert", "tcplab_tls_client_key": "tls_client_key"}
+                "tcplab_tls_client_cert": "tls_client_cert", "tcplab_tls_client_key": "tls_client_key",
+                "tcplab_shared_clock": "shared_clock"}
 # InterfaceEntry fields that data_ifaces spells differently (the key, dev, addr/plen, peer); every other
 # field (mac, and any optional one the model gains) is written under its own name, so none is lost
 _RESHAPED = ("toward", "addr", "plen", "peer_addr")
@@ -223,7 +224,7 @@ def to_ini(inv: Inventory) -> str:
     lines.append("[all:vars]")
     for var, field in TESTBED_VARS.items():
         value = getattr(inv, field)
-        if value is not None:
+        if value not in (None, False):
             # a [group:vars] value is taken as text up to the end of the line, so it needs no quoting
             lines.append(f"{var}={value}")
     return "\n".join(lines) + "\n"

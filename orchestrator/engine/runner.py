@@ -63,6 +63,15 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
+
+def clock_evidence(offset_ns: int, rtt_ns: int, shared_clock: bool) -> dict:
+    """The clock phase's evidence: the offset the run's times are corrected by. On a testbed whose hosts read
+    the manager's own clock (a UML lab) that is 0 -- what was measured is the exchange's scheduling noise,
+    kept as measured_offset_ns."""
+    if shared_clock:
+        return {"offset_ns": 0, "rtt_ns": rtt_ns, "measured_offset_ns": offset_ns, "shared_clock": True}
+    return {"offset_ns": offset_ns, "rtt_ns": rtt_ns}
+
 class RunEngine:
     """One testbed session: an authenticated connection per inventory host, and the runs driven over them."""
 
@@ -256,8 +265,8 @@ class RunEngine:
             clock.enter("clock")
             offsets = await self._each(self.clients, lambda r, c: c.clock_offset_ns())   # hosts concurrently
             for role in self.clients:
-                evidence.append({"host": role, "phase": "clock",
-                                 "data": {"offset_ns": offsets[role][0], "rtt_ns": offsets[role][1]}})
+                evidence.append({"host": role, "phase": "clock", "data": clock_evidence(*offsets[role],
+                                                                                        self.inv.shared_clock)})
             clock.enter("schedule")
             margins = self.margins(spec, [rtt for _, rtt in offsets.values()])
             clock.timing.margins = {"schedule_s": margins.schedule_ns / 1e9, "lead_s": margins.lead_ns / 1e9,

@@ -82,6 +82,7 @@ def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, kernel: UmlKernel 
         inv = netns.inventory_dict(topo, KIND, token_file, lab_macs(topo), agents, dict.fromkeys(topo.hosts))
         for host in inv["hosts"].values():
             host["agent_netns"] = wire_namespace(prefix)
+        inv["shared_clock"] = True            # a UML kernel reads the machine's clock
         if kernel.modules_root is not None:
             # the guests mount their kernel's modules there (hostfs is read-only: the mount point must exist);
             # every Debian system has it, a machine whose kernel has no modules may not

@@ -121,9 +121,14 @@ def wire_argv(topo: Topology) -> list[list[str]]:
 def host_config(topo: Topology, role: str, module_dirs: Iterable[str] = ()) -> dict:
     """guest.json for stage 2 (orchestrator.lab.vm_guest): the VM lab's, with the control interface on the
     wire namespace's control bridge, the exec port on it, and no clock to set."""
-    return guest_config(topo, role, AGENT_PORT, lab_macs(topo), module_dirs,
-                        control=(control_mac(topo, role), control_addr(topo, role)), clock=False,
-                        exec_port=EXEC_PORT)
+    cfg = guest_config(topo, role, AGENT_PORT, lab_macs(topo), module_dirs,
+                       control=(control_mac(topo, role), control_addr(topo, role)), clock=False, exec_port=EXEC_PORT)
+    cfg["agent"] += ["--trace-prefix", topo.prefix]
+    # IPv4 only: no router solicitations, MLD or link-local routes on the data links (they would appear in
+    # captures, and a route born after the agent's baseline would read as a reset left undone)
+    cfg["sysctls"] = {"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1",
+                      **cfg["sysctls"]}
+    return cfg
 
 
 def uml_argv(binary: Path, topo: Topology, role: str, state_dir: Path, init: Path, env: dict[str, str],

@@ -100,6 +100,41 @@ def vm_lab_up(tmp_path_factory, prefix: str, vm_roles: tuple[str, ...], timeout_
         vm.down(state_dir, prefix)
 
 
+def uml_unavailable() -> str | None:
+    """Why the UML lab cannot run here (None: it can). It installs nothing: `make uml-deps` does."""
+    from orchestrator.kernel.uml import stock_uml
+
+    reason = lab_unavailable()
+    if reason:
+        return reason
+    if not os.path.exists("/dev/net/tun"):
+        return "the UML lab needs /dev/net/tun"
+    if stock_uml() is None:
+        return "the UML lab needs a UML kernel: `make uml-deps` (Debian's user-mode-linux) or an `arch: um` build"
+    return None
+
+
+def uml_lab_up(tmp_path_factory, prefix: str, graph=None, kernel=None,
+               timeout_s: float = 120) -> Iterator[tuple[dict, Path]]:
+    """Body of a UML-lab fixture: skips with the reason when the UML lab cannot run here, always takes the lab
+    down. `graph`: a plan's topology (default: the quickstart's chain); `kernel`: an UmlKernel (default: the
+    stock one)."""
+    from orchestrator.lab import uml
+
+    reason = uml_unavailable()
+    if reason:
+        pytest.skip(reason)
+    state_dir = tmp_path_factory.mktemp(prefix)
+    try:
+        inv = uml.up(state_dir, prefix, kernel=kernel, graph=graph, timeout_s=timeout_s)
+        k = inv["uml"]["kernel"]
+        print(f"\numl lab {prefix}: {', '.join(inv['hosts'])} on {k['release']} ({k['source']}), agents ready "
+              f"after {inv['uml']['boot_s']} s")
+        yield inv, state_dir
+    finally:
+        uml.down(state_dir, prefix)
+
+
 def build_guest_module(name: str, package: str | None, tools: tuple[str, ...], timeout_s: float):
     """A module for a guest kernel (orchestrator.kernel.debian_modules.ensure_module; default: the VM lab's
     kernel); skips naming the missing tool, or the apt error when the packages cannot be fetched."""

@@ -74,8 +74,8 @@ def test_typos_at_host_and_top_level_are_refused_too(tmp_path):
         load_inventory(_write(tmp_path, text))
     msg = str(err.value)
     assert ":2: token: unknown field 'token'" in msg
-    assert (":24: hosts.server.namspace: unknown field 'namspace' (expected one of: agent, agent_listen, allow_module, "
-            "allow_sysctl, interfaces, namespace, ssh)") in msg
+    assert (":24: hosts.server.namspace: unknown field 'namspace' (expected one of: agent, agent_listen, agent_netns, "
+            "allow_module, allow_sysctl, interfaces, namespace, ssh)") in msg
 
 
 def test_a_file_that_is_not_json_names_its_line(tmp_path):

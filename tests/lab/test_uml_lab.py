@@ -1,0 +1,186 @@
+"""The UML lab (`tcplab lab up --kind uml`): every host a User-Mode Linux kernel, links as taps on bridges in
+the lab's own namespace, agents inside reached over the control network. Proven by the hosts' own answers and
+by the packets: netem and htb act inside the aqm's kernel, TSO on the sender shows as super-packets on the
+wire, and two labs side by side never touch each other."""
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from orchestrator.agent_client import AgentClient
+from orchestrator.lab import netns, uml
+from orchestrator.lab.uml_config import wire_namespace
+from orchestrator.plan.model.topology import Graph
+from tests.lab.conftest import TEST_PREFIX, run_lab_plan_unloaded, stored_flags, uml_lab_up
+
+PREFIX = f"{TEST_PREFIX}u"[:12]
+TRACEFS = Path("/sys/kernel/tracing")
+
+
+@pytest.fixture(scope="module")
+def uml_lab(tmp_path_factory):
+    yield from uml_lab_up(tmp_path_factory, PREFIX)
+
+
+async def _hellos(inv: dict) -> dict:
+    token = Path(inv["token_file"]).read_bytes().strip()
+    out = {}
+    for role, host in inv["hosts"].items():
+        client = AgentClient(role, host["agent"], token, netns=host["agent_netns"])
+        out[role] = await client.connect("test")
+        await client.close()
+    return out
+
+
+def _pids_in(namespace: str) -> set[int]:
+    out = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True, check=False).stdout
+    return {int(p) for p in out.split()}
+
+
+def test_every_host_is_a_uml_kernel_reached_only_inside_the_lab(uml_lab):
+    inv, state_dir = uml_lab
+    kernel = inv["uml"]["kernel"]
+    hellos = asyncio.run(_hellos(inv))
+    for role, hello in hellos.items():
+        assert hello.capabilities.kernel_release == kernel["release"], role
+        assert {"htb", "netem", "red", "fq_codel"} <= set(hello.capabilities.qdiscs), hello.capabilities.qdiscs
+    # the lab's only namespace is its wire namespace; no lab address exists in the root namespace
+    assert netns.lab_namespaces(PREFIX) == [wire_namespace(PREFIX)]
+    root_addrs = subprocess.run(["ip", "-j", "addr"], capture_output=True, text=True, check=True).stdout
+    assert "10.198.0." not in root_addrs and "10.199." not in root_addrs
+    # a UML kernel per host, each named by the lab's prefix, all inside the wire namespace
+    st = uml.status(state_dir, PREFIX)
+    assert st["healthy"], st
+    pids = {g["pid"] for g in st["uml"]["guests"].values()}
+    assert pids <= _pids_in(wire_namespace(PREFIX))
+    for role, g in st["uml"]["guests"].items():
+        assert f"umid={PREFIX}-{role}".encode() in Path(f"/proc/{g['pid']}/cmdline").read_bytes()
+    # the guest's root is the machine's, read-only: the agent's directories are its own tmpfs
+    probe = f"/var/lib/{PREFIX}-written-by-a-guest"
+    done = uml.guest_exec(["touch", probe], "aqm", state_dir)
+    assert done.returncode != 0 and "Read-only file system" in done.stderr, done
+    assert not Path(probe).exists()
+    mounts = uml.guest_exec(["cat", "/proc/mounts"], "aqm", state_dir).stdout
+    assert any(ln.split()[1] == "/var/tmp" and ln.split()[2] == "tmpfs" for ln in mounts.splitlines()), mounts
+
+
+def test_ping_crosses_the_aqm_kernel(uml_lab):
+    _, state_dir = uml_lab
+    done = uml.guest_exec(["ping", "-c", "3", "-i", "0.2", "-W", "2", "10.199.2.1"], "client", state_dir)
+    assert done.returncode == 0 and " 0% packet loss" in done.stdout, done.stdout + done.stderr
+    assert "ttl=63" in done.stdout      # one hop: the aqm forwarded it
+
+
+def test_two_labs_side_by_side_and_down_removes_only_its_own(tmp_path_factory):
+    """Every name a lab makes carries its prefix; `lab down` of one removes nothing of the other, tracefs
+    instances of agents on this machine's kernel included (a netns lab's agents name theirs `<prefix>-...`)."""
+    pair = Graph(("sender", "receiver"), (), (("sender", "receiver"),))
+    first, second = f"{TEST_PREFIX}x"[:12], f"{TEST_PREFIX}y"[:12]
+    gen_a = uml_lab_up(tmp_path_factory, first, graph=pair)
+    inv_a, state_a = next(gen_a)
+    gen_b = uml_lab_up(tmp_path_factory, second, graph=pair)
+    made = []
+    try:
+        inv_b, state_b = next(gen_b)
+        assert uml.status(state_a, first)["healthy"] and uml.status(state_b, second)["healthy"]
+        if (TRACEFS / "instances").is_dir():   # what agents of a netns lab of each prefix would leave
+            made = [TRACEFS / "instances" / f"{p}-tp-1-isolation" for p in (first, second)]
+            for inst in made:
+                inst.mkdir()
+        b_pids = _pids_in(wire_namespace(second))
+        removed = uml.down(state_a, first)
+        print("\n".join(removed))
+        assert all(second not in r for r in removed), removed
+        assert not netns.lab_namespaces(first) and not _pids_in(wire_namespace(second)) ^ b_pids
+        if made:
+            assert not made[0].exists() and made[1].exists()
+        assert uml.status(state_b, second)["healthy"]
+        peer = inv_b["hosts"]["receiver"]["interfaces"]["to-sender"]["addr"]
+        done = uml.guest_exec(["ping", "-c", "1", "-W", "2", peer], "sender", state_b)
+        assert done.returncode == 0, done.stdout + done.stderr
+    finally:
+        for inst in made:
+            if inst.exists():
+                inst.rmdir()
+        gen_b.close()
+        gen_a.close()
+    assert not netns.lab_namespaces(first) and not netns.lab_namespaces(second)
+
+
+PATH_PLAN = """
+version: 1
+name: uml-path
+description: netem 10 ms + htb 50 Mbit/s + pfifo 100 on the aqm's egress; one cubic flow, TSO on or off at the sender
+roles: [client, aqm, server]
+tags: [smoke]
+repetitions: 1
+seed: 1
+run:
+  duration: 4s
+  mtu: 1500
+  bottleneck:
+    at: {host: aqm, toward: client}
+    rate: 50mbit
+    delay: 10ms
+    line_rate: 1gbit
+    queue: {kind: pfifo, limit: 100}
+  traffic: {tool: iperf3, src: server, dst: client, cc: cubic, flows: 1, base_port: 5201}
+  hosts:
+    all:
+      offloads: {tso: off, gso: off, gro: off}
+      sysctls: {net.ipv4.tcp_no_metrics_save: 1}
+    server:
+      offloads: {sg: on, tso: off, gso: off, gro: off}
+  captures:
+    - {host: aqm, toward: client}
+    - {host: aqm, toward: server}
+  qdisc_stats:
+    links: [{host: aqm, toward: client}]
+    interval: 50ms
+  tcp_probe: false
+  analysis: {warmup: 1s}
+  accept_guards: [G-OFFLOAD]          # TSO at the sender is the variable
+matrix:
+  axes:
+    hosts.server.offloads.tso: [off, on]
+"""
+
+
+def test_netem_htb_and_tso_act_inside_the_guests(uml_lab, tmp_path):
+    """From the packets: every sojourn through the aqm is at least netem's 10 ms and at most 10 ms plus the
+    pfifo's 100 packets at 50 Mbit/s (24.2 ms) and a little; the link is used; with TSO on at the sender the aqm
+    receives super-packets (payload > one MSS), with it off never."""
+    _, state_dir = uml_lab
+    plan = tmp_path / "uml-path.yaml"
+    plan.write_text(PATH_PLAN)
+    db = run_lab_plan_unloaded(plan, state_dir, tmp_path, hosts=("client", "aqm", "server"))
+    with db.connect() as conn:
+        runs = conn.execute(text("SELECT run_id, run_key, status, spec FROM run ORDER BY run_id")).all()
+        assert len(runs) == 2 and all(r.status == "complete" for r in runs), runs
+        for run in runs:
+            spec = json.loads(run.spec) if isinstance(run.spec, str) else run.spec
+            tso = spec["hosts"]["server"]["offloads"]["tso"]
+            lo, mean, hi = conn.execute(text("SELECT min(sojourn_ns), avg(sojourn_ns), max(sojourn_ns) FROM qdelay "
+                                             "WHERE run_key = :k"), {"k": run.run_key}).one()
+            biggest = conn.execute(text(
+                "SELECT max(p.payload_len) FROM packet p JOIN conn c ON c.run_key = p.run_key "
+                "AND c.conn_id = p.conn_id WHERE p.run_key = :k AND c.point = 'aqm:to-server'"),
+                {"k": run.run_key}).scalar_one()
+            goodput = conn.execute(text("SELECT sum(goodput_bps) FROM flow WHERE run_key = :k"),
+                                   {"k": run.run_key}).scalar_one()
+            print(f"{run.run_id}: tso {tso}; sojourn min/mean/max {lo / 1e6:.2f}/{mean / 1e6:.2f}/{hi / 1e6:.2f} ms; "
+                  f"largest payload into the aqm {biggest} B; goodput {goodput / 1e6:.1f} Mbit/s")
+            assert 9.9e6 <= lo <= 10.6e6, lo
+            assert mean <= 10e6 + 100 * 1514 * 8 / 50e6 * 1e9 + 3e6, mean
+            assert goodput >= 0.85 * 50e6 * 1448 / 1514, goodput
+            if tso in (True, "on"):
+                assert biggest > 1448, biggest
+            else:
+                assert biggest <= 1448, biggest
+        flags = stored_flags(db)
+        assert not [f for fs in flags.values() for f in fs if f.guard in ("G-OFFLOAD", "G-RESET")], flags
