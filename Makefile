@@ -11,9 +11,12 @@ APT_PKGS := iproute2 iputils-ping iperf3 tcpdump ethtool tshark python3 python3-
 # the VM lab (`tcplab lab up --kind vm`): QEMU for the aqm guest, busybox for its initramfs; disk guests
 # (`--disk`): debootstrap for their base image, e2fsprogs (mkfs.ext4 -d, debugfs), ssh for Ansible
 VM_APT_PKGS := qemu-system-x86 busybox-static debootstrap e2fsprogs openssh-client
+# the UML lab (`tcplab lab up --kind uml`): Debian's UML kernel serves until `tcplab kernel build` has made the
+# project's own (experiments/kernels/uml-lab.yaml: event tracing, HZ=1000)
+UML_APT_PKGS := user-mode-linux
 PG_ADMIN_URL ?= postgresql://postgres@127.0.0.1:5432/postgres
 
-.PHONY: setup apt vm-deps venv postgres tracefs demo test lint clean
+.PHONY: setup apt vm-deps uml-deps venv postgres tracefs demo test lint clean
 
 setup: apt venv
 
@@ -26,6 +29,13 @@ apt:
 
 vm-deps:
 	@missing=$$(for p in $(VM_APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing: $$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+uml-deps:
+	@missing=$$(for p in $(UML_APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  echo "installing: $$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
@@ -61,7 +71,7 @@ demo: setup tracefs
 	$(TCPLAB) lab down; \
 	exit $$rc
 
-test: setup vm-deps postgres tracefs
+test: setup vm-deps uml-deps postgres tracefs
 	TCPLAB_TEST_PG=$(PG_ADMIN_URL) $(VENV)/bin/pytest -q -rs --durations=40
 
 lint: venv

@@ -110,7 +110,12 @@ def wire_argv(topo: Topology) -> list[list[str]]:
     for role in topo.hosts:
         for nic in host_nics(topo, role):
             mtu = "1500" if nic.bridge == CONTROL_BRIDGE else str(DATA_MTU)
+            # sg off on the host side of every tap: the kernel then drops TSO from it (TSO needs SG), whatever
+            # offloads the guest's driver asks for when it opens the tap, so a guest's TSO super-packet is cut
+            # into MTU frames on the way in to the next host -- the wire a TSO NIC puts them on -- instead of
+            # arriving whole (the receiving driver, gro=0, has MTU-sized buffers and would drop it)
             cmds += [[*ip, "tuntap", "add", "dev", nic.tap, "mode", "tap"],
+                     ["ip", "netns", "exec", ns, "ethtool", "-K", nic.tap, "sg", "off"],
                      [*ip, "link", "set", nic.tap, "mtu", mtu, "master", nic.bridge, "up"]]
     for br in bridges[:-1]:
         cmds.append([*ip, "link", "set", br, "mtu", str(DATA_MTU)])
