@@ -46,7 +46,7 @@ def setup_argv(cfg: dict, names_by_mac: dict[str, str]) -> list[list[str]]:
         for addr, mac in ifc.get("neighbours", []):
             cmds.append(["ip", "neigh", "replace", addr, "lladdr", mac, "dev", ifc["ifname"], "nud", "permanent"])
     cmds += [["ip", "route", "add", subnet, "via", via, "dev", dev] for subnet, via, dev in cfg.get("routes", [])]
-    cmds += [["sysctl", "-qw", f"{key}={value}"] for key, value in cfg.get("sysctls", {}).items()]
+    cmds += [["sysctl", "-eqw", f"{key}={value}"] for key, value in cfg.get("sysctls", {}).items()]
     return cmds
 
 

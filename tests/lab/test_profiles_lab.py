@@ -15,6 +15,7 @@ import re
 from collections import Counter, defaultdict
 from pathlib import Path
 
+import pytest
 from sqlalchemy import text
 
 from analysis.summary import run_table
@@ -34,7 +35,7 @@ from tests.support.shipped import PROFILE_DIR, STUDY_PLANS
 KERNEL = re.compile(r"host \w+ runs kernel \S+, the plan needs variant \S+|variant \S+ is a source build")
 # what a host's kernel or driver cannot do (docs/plans.md "Refused, never ignored"): e.g. the VM lab's virtio_net
 # has sg fixed off, so the DC testbed's TSO arms are refused naming it
-MECHANISM = re.compile(r"lacks (qdisc|congestion control|tracepoint|sysctl|kprobe_events) \S+|"
+MECHANISM = re.compile(r"lacks (qdisc|congestion control|tracepoints?|sysctl|kprobe_events) \S+|"
                        r"ack_policy mechanism \w+ is not applied|offload \S+ is fixed (on|off) by the driver|"
                        r"takes an MTU of|has no \w+ stage|not executed by this agent")
 TOPOLOGY = re.compile(r"not in the (inventory|testbed)|topology|no interface toward", re.I)
@@ -115,4 +116,49 @@ def test_every_study_plan_dry_runs_on_the_vm_lab_refused_only_for_kernels_or_mec
         print(f"{key[0]}: {n} {key[1]}")
     for reason, n in reasons.most_common(15):
         print(f"{n:5d} x {reason}")
+    assert sum(counts.values()) == sum(len(expand(load_plan(p))) for ps in groups.values() for p in ps)
+
+
+def test_every_study_plan_dry_runs_on_the_uml_lab_refused_only_for_kernels_or_mechanisms(tmp_path):
+    """Every study plan under experiments/profiles/uml-lab.yaml, dry run on the UML lab its topology asks for
+    (one lab per topology, every host a UML kernel): no run is refused for a role or the topology, every
+    refusal names a missing kernel or mechanism; the tally per plan is what experiments/README.md lists."""
+    from orchestrator.lab import uml
+    from orchestrator.plan.model.topology import plan_graph
+    from tests.lab.conftest import uml_unavailable
+
+    if reason := uml_unavailable():
+        pytest.skip(reason)
+    profile = load_profile(PROFILE_DIR / "uml-lab.yaml")
+    groups: dict = defaultdict(list)
+    for path in STUDY_PLANS:
+        if path.parent.name in ("vm", "kernels") or path.name == "quickstart.yaml":
+            continue
+        plan = load_plan(path)
+        groups[plan_graph(plan.roles, plan.topology)].append(path)
+    counts: Counter = Counter()
+    reasons: Counter = Counter()
+    for i, (graph, plans) in enumerate(groups.items()):
+        prefix, state_dir = f"{TEST_PREFIX}q{i}", tmp_path / f"uml{i}"
+        try:
+            inv_doc = uml.up(state_dir, prefix, graph=graph, timeout_s=180)
+            print(f"\numl lab {i}: hosts {', '.join(inv_doc['hosts'])} ({inv_doc['uml']['kernel']['release']}), "
+                  f"agents ready after {inv_doc['uml']['boot_s']} s")
+            inv = load_inventory(netns.inventory_path(state_dir))
+            caps = asyncio.run(live_capabilities(inv, tmp_path / f"results{i}"))
+            for path in plans:
+                for v in check_runs(expand(load_plan(path), profile=profile), caps, inv):
+                    counts[(path.relative_to(PROFILE_DIR.parent).as_posix(),
+                            "refused" if isinstance(v, Refused) else "runnable")] += 1
+                    for why in v.reasons if isinstance(v, Refused) else ():
+                        assert not TOPOLOGY.search(why), f"{path}: {v.spec.run_id}: {why}"
+                        assert KERNEL.search(why) or MECHANISM.search(why), f"{path}: {why}"
+                        reasons[re.sub(r"\b(k|pc|tbtcp|aqm|vanilla|dctcp|lsaimd)[\w.+-]*", "…", why)] += 1
+        finally:
+            uml.down(state_dir, prefix)
+            assert netns.lab_namespaces(prefix) == []
+    for key, n in sorted(counts.items()):
+        print(f"{key[0]}: {n} {key[1]}")
+    for why, n in reasons.most_common(15):
+        print(f"{n:5d} x {why}")
     assert sum(counts.values()) == sum(len(expand(load_plan(p))) for ps in groups.values() for p in ps)
