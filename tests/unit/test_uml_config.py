@@ -1,0 +1,98 @@
+"""The UML lab's layout as data (orchestrator.lab.uml_config) and its pure neighbours: no root, nothing started."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.engine.runner import clock_evidence
+from orchestrator.lab.netns import LabError
+from orchestrator.lab.topology import lab_topology, netns_topology
+from orchestrator.lab.uml_config import (
+    CONTROL_BRIDGE,
+    control_addr,
+    host_config,
+    host_nics,
+    segment_bridges,
+    stage1_env,
+    uml_argv,
+    wire_argv,
+    wire_namespace,
+)
+from orchestrator.netns_socket import socket_in_netns
+from orchestrator.plan.model.topology import Graph
+
+CHAIN = netns_topology("tl")
+SWITCHED = lab_topology(Graph(("sender_a", "sender_b", "aqm", "receiver_a", "receiver_b"), ("switch",),
+                              (("sender_a", "aqm"), ("sender_b", "aqm"), ("aqm", "switch"),
+                               ("switch", "receiver_a"), ("switch", "receiver_b"))), "tl")
+
+
+def test_every_name_carries_the_prefix_or_lives_in_the_lab_namespace():
+    cmds = wire_argv(CHAIN)
+    assert cmds[0] == ["ip", "netns", "add", "tl-uml-net"]
+    # every other command acts inside that namespace, never in the root namespace
+    for argv in cmds[1:]:
+        assert argv[:3] == ["ip", "-n", "tl-uml-net"] or argv[:4] == ["ip", "netns", "exec", "tl-uml-net"], argv
+    assert wire_namespace("other") == "other-uml-net"
+
+
+def test_links_and_switches_become_bridges_with_a_tap_per_nic():
+    assert sorted(set(segment_bridges(CHAIN).values())) == ["l0", "l1"]
+    # the three links to the switch share one bridge; the two sender links each their own
+    assert sorted(set(segment_bridges(SWITCHED).values())) == ["l0", "l1", "s0"]
+    aqm = host_nics(SWITCHED, "aqm")
+    assert [(n.ifname, n.bridge) for n in aqm] == [("to-sender_a", "l0"), ("to-sender_b", "l1"),
+                                                   ("to-switch", "s0"), ("ctl", CONTROL_BRIDGE)]
+    taps = [n.tap for role in SWITCHED.hosts for n in host_nics(SWITCHED, role)]
+    assert len(taps) == len(set(taps)) and all(len(t) <= 15 for t in taps)
+    macs = [n.mac for role in SWITCHED.hosts for n in host_nics(SWITCHED, role)]
+    assert len(macs) == len(set(macs))
+
+
+def test_every_tap_has_sg_off_on_the_host_side_so_tso_frames_are_cut_on_the_wire():
+    cmds = wire_argv(CHAIN)
+    taps = [n.tap for role in CHAIN.hosts for n in host_nics(CHAIN, role)]
+    for tap in taps:
+        assert ["ip", "netns", "exec", "tl-uml-net", "ethtool", "-K", tap, "sg", "off"] in cmds
+        add = cmds.index(["ip", "-n", "tl-uml-net", "tuntap", "add", "dev", tap, "mode", "tap"])
+        assert cmds.index(["ip", "netns", "exec", "tl-uml-net", "ethtool", "-K", tap, "sg", "off"]) > add
+
+
+def test_host_config_is_the_vm_guests_on_the_lab_control_network():
+    cfg = host_config(CHAIN, "aqm")
+    ctl = [i for i in cfg["interfaces"] if i["ifname"] == "ctl"][0]
+    assert ctl["addr"] == control_addr(CHAIN, "aqm") == "10.198.0.2"
+    assert cfg["exec_listen"] == ["10.198.0.2", 7101] and "clock" not in cfg
+    agent = cfg["agent"]
+    assert agent[agent.index("--listen") + 1] == "tcp://10.198.0.2:7100"
+    assert agent[agent.index("--trace-prefix") + 1] == "tl"
+    assert cfg["sysctls"]["net.ipv4.ip_forward"] == "1"
+    assert cfg["sysctls"]["net.ipv6.conf.all.disable_ipv6"] == "1"
+    client = host_config(CHAIN, "client")
+    assert client["routes"] == [["10.199.2.0/24", "10.199.1.254", "to-aqm"]]
+
+
+def test_uml_argv_runs_in_the_lab_namespace_with_its_prefixed_umid():
+    env = stage1_env(Path("/run/x/uml-aqm/guest"), "/usr/bin/python3", Path("/repo"), ["/tmp/clone"], None)
+    argv = uml_argv(Path("/usr/bin/linux.uml"), CHAIN, "aqm", Path("/run/x"), Path("/repo/init.sh"), env)
+    assert argv[:5] == ["ip", "netns", "exec", "tl-uml-net", "/usr/bin/linux.uml"]
+    assert "umid=tl-aqm" in argv and "uml_dir=/run/x/uml" in argv and "ro" in argv
+    nics = host_nics(CHAIN, "aqm")
+    assert [w for w in argv if w.startswith("vec")] == [
+        f"vec{i}:transport=tap,ifname={n.tap},depth=128,gro=0,mac={n.mac}" for i, n in enumerate(nics)]
+    assert "TCPLAB_KEEP=/tmp/clone" in argv and not any(w.startswith("TCPLAB_MODULES") for w in argv)
+    with pytest.raises(LabError, match="without spaces"):
+        uml_argv(Path("/usr/bin/linux.uml"), CHAIN, "aqm", Path("/run/my lab"), Path("/repo/init.sh"), env)
+
+
+def test_a_shared_clock_records_the_measured_offset_but_corrects_by_none():
+    assert clock_evidence(7_131_000, 400_000, shared_clock=True) == {
+        "offset_ns": 0, "rtt_ns": 400_000, "measured_offset_ns": 7_131_000, "shared_clock": True}
+    assert clock_evidence(7_131_000, 400_000, shared_clock=False) == {"offset_ns": 7_131_000, "rtt_ns": 400_000}
+
+
+@pytest.mark.parametrize("name", ["", "..", "a/b", "."])
+def test_a_socket_is_opened_only_in_a_named_namespace(name):
+    with pytest.raises(ValueError):
+        socket_in_netns(name)
