@@ -78,10 +78,33 @@ def restart_allowed(history: list[float], now: float) -> bool:
     return sum(1 for t in history if now - t < RESTART_WINDOW_S) < MAX_RESTARTS
 
 
+def changed_processes(running: list[dict], wanted: list[dict]) -> list[dict]:
+    """The specs of `wanted` whose process must be (re)started: new names, or another argv or output (pure)."""
+    old = {spec["name"]: spec for spec in running}
+    return [spec for spec in wanted if old.get(spec["name"]) != spec]
+
+
+def restart_processes(children: dict[str, subprocess.Popen], specs: list[dict]) -> None:
+    """Stop each spec's current process (by its Popen: never a reused pid) and start the spec in its place."""
+    for spec in specs:
+        old = children.get(spec["name"])
+        if old is not None and old.poll() is None:
+            old.terminate()
+            try:
+                old.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                old.kill()
+                old.wait()
+        print(f"supervisor: process restarted name={spec['name']} old_pid={old.pid if old else None}",
+              file=sys.stderr, flush=True)
+    children.update(start_processes(specs))
+
+
 def main(state_dir: str) -> int:
     inv = json.loads(inventory_path(Path(state_dir)).read_text())
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    children = start_processes(inv.get("processes", []))
+    specs = inv.get("processes", [])
+    children = start_processes(specs)
     agents = {role: agent_argv(role, host, inv["token_file"], inv["prefix"])
               for role, host in inv["hosts"].items() if host.get("namespace")}
     # the namespaces are new: a reset baseline an earlier lab's crashed agent left describes hosts that are gone
@@ -97,12 +120,27 @@ def main(state_dir: str) -> int:
         nonlocal stopping
         stopping = True
 
+    reload = False
+
+    def hup(signum, frame):  # noqa: ARG001 - signal handler signature
+        nonlocal reload
+        reload = True
+
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    # SIGHUP: the inventory's `processes` changed (a UML host to restart on another kernel): restart those
+    signal.signal(signal.SIGHUP, hup)
     known = {p.pid for p in children.values()}
     while not stopping and any([p.poll() is None for p in children.values()]):  # polls (reaps) every child
         reap_orphans(known)
         time.sleep(0.2)
+        if reload and not stopping:
+            reload = False
+            wanted = json.loads(inventory_path(Path(state_dir)).read_text()).get("processes", [])
+            restart_processes(children, changed_processes(specs, wanted))
+            specs = wanted
+            known = {p.pid for p in children.values()}
+            write_atomic(agents_file, json.dumps({r: p.pid for r, p in children.items()}))
         now = time.monotonic()
         dead = [r for r in agents if children[r].poll() is not None and restart_allowed(restarts[r], now)]
         if dead and not stopping:

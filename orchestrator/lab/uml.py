@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from orchestrator.agent_client import AgentClient, AgentError
 from orchestrator.kernel.uml import UmlKernel, stock_uml
 from orchestrator.lab import netns, vm_guest
 from orchestrator.lab.netns import LAB_PREFIX, STATE_DIR, LabError, inventory_path
@@ -41,6 +44,7 @@ from orchestrator.lab.vm_host import REPO_ROOT, guest_interpreter
 from orchestrator.netns_socket import connect_in_netns
 from orchestrator.plan.model.topology import Graph
 from schemas import procs
+from schemas.atomic import write_atomic
 
 KIND = "uml"
 STACK_LINE = re.compile(r"^ (\[<[0-9a-f]+>\]|[0-9a-f]{8} )")   # a panic's stack and call trace
@@ -95,13 +99,78 @@ def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, kernel: UmlKernel 
             env = stage1_env(gdir / "guest", python, REPO_ROOT, keep, kernel.modules_root)
             inv["processes"].append({"name": f"{PROCESS}{role}", "stdout": str(gdir / "console.log"),
                                      "argv": uml_argv(kernel.binary, topo, role, state_dir, STAGE1, env)})
-            guests[role] = {"console": str(gdir / "console.log"), "control_addr": control_addr(topo, role)}
+            guests[role] = {"console": str(gdir / "console.log"), "control_addr": control_addr(topo, role),
+                            "kernel": kernel.to_json()}
         inv[KIND] = {"kernel": kernel.to_json(), "wire_namespace": wire_namespace(prefix), "guests": guests,
                      "module_dirs": list(module_dirs)}
         return _start(state_dir, inv, timeout_s)
     except BaseException:
         down(state_dir, prefix)
         raise
+
+
+def switch_kernel(state_dir: Path, roles: list[str], kernel: UmlKernel, prefix: str = LAB_PREFIX,
+                  timeout_s: float = 60.0) -> dict[str, float]:
+    """Restart the UML hosts `roles` on `kernel` -- no install, no reboot: the supervisor stops each one's
+    process and starts the new binary -- and verify each as a testbed host is verified after a kernel
+    install: its agent's hello must report the kernel's release (which names the build's key). Returns the
+    seconds each took from the restart to that hello."""
+    inv = _inventory(state_dir)
+    if inv.get("kind") != KIND:
+        raise LabError("no UML lab is up: `tcplab lab up --kind uml` first")
+    unknown = [r for r in roles if r not in inv["hosts"]]
+    if unknown:
+        raise LabError(f"no UML host {', '.join(unknown)} in the lab (hosts: {', '.join(inv['hosts'])})")
+    topo = lab_topology(Graph(tuple(inv["topology"]["hosts"]), tuple(inv["topology"]["switches"]),
+                              tuple(tuple(link) for link in inv["topology"]["links"])), prefix)
+    python, needed = guest_interpreter()
+    modules = (str(kernel.module_dir),) if getattr(kernel, "module_dir", None) else ()
+    for spec in inv["processes"]:
+        role = spec["name"].removeprefix(PROCESS)
+        if role in roles:
+            gdir = uml_dir(state_dir, role)
+            (gdir / "guest" / "guest.json").write_text(json.dumps(host_config(topo, role, modules), indent=2))
+            env = stage1_env(gdir / "guest", python, REPO_ROOT, paths_to_keep(needed), kernel.modules_root)
+            spec["argv"] = uml_argv(kernel.binary, topo, role, state_dir, STAGE1, env)
+            inv[KIND]["guests"][role]["kernel"] = kernel.to_json()
+    if kernel.modules_root is not None:
+        MODULES_MOUNT_POINT.mkdir(parents=True, exist_ok=True)
+    sup = netns._supervisor_pid(state_dir)
+    if sup is None:
+        raise LabError("the UML lab's supervisor is not running: `tcplab lab down` and up again")
+    old = {r: _children(state_dir).get(f"{PROCESS}{r}") for r in roles}
+    write_atomic(inventory_path(state_dir), json.dumps(inv, indent=2))
+    started = time.monotonic()
+    os.kill(sup, signal.SIGHUP)
+    return asyncio.run(_wait_switched(state_dir, inv, roles, old, kernel.release, started, timeout_s))
+
+
+async def _wait_switched(state_dir: Path, inv: dict, roles: list[str], old: dict[str, int | None], release: str,
+                         started: float, timeout_s: float) -> dict[str, float]:
+    token = Path(inv["token_file"]).read_bytes().strip()
+    took: dict[str, float] = {}
+    deadline = started + timeout_s
+    while len(took) < len(roles):
+        if time.monotonic() > deadline:
+            raise LabError(f"UML hosts {', '.join(r for r in roles if r not in took)} did not come back on "
+                           f"{release} within {timeout_s:.0f} s")
+        for role in [r for r in roles if r not in took]:
+            pid = _children(state_dir).get(f"{PROCESS}{role}")
+            if pid is None or pid == old[role]:
+                continue
+            _check_hosts(state_dir)
+            host = inv["hosts"][role]
+            client = AgentClient(role, host["agent"], token, netns=host["agent_netns"])
+            try:
+                hello = await client.connect("tcplab-lab")
+                await client.close()
+            except (AgentError, OSError, TimeoutError):
+                continue
+            if hello.capabilities.kernel_release != release:
+                raise LabError(f"UML host {role} came back on {hello.capabilities.kernel_release}, not {release}")
+            took[role] = round(time.monotonic() - started, 2)
+        await asyncio.sleep(0.1)
+    return took
 
 
 def _prepare_guest_dir(state_dir: Path, role: str, token_file: Path, config: dict) -> Path:
