@@ -20,6 +20,7 @@ from orchestrator.agent_client import AgentError
 from orchestrator.engine import provenance
 from orchestrator.engine.dry_run import dry_run
 from orchestrator.engine.kernel_builds import attach_builds
+from orchestrator.engine.kernel_switch import kernel_groups, switch_hosts
 from orchestrator.engine.preflight import REFUSED, Refused, Runnable
 from orchestrator.engine.recovery import AnotherManager, recover
 from orchestrator.engine.runner import DB_ERRORS, PENDING, RunEngine, RunOutcome
@@ -27,7 +28,7 @@ from orchestrator.engine.selection import RunFilter, run_order, select_runs, unk
 from orchestrator.engine.topology_match import topology_mismatch
 from orchestrator.inventory import load_inventory
 from orchestrator.lab.netns import inventory_path
-from orchestrator.plan import PlanError, expand, load_plan, plan_sha256
+from orchestrator.plan import PlanError, RunSpec, expand, load_plan, plan_sha256
 from orchestrator.plan.checks.profile_loader import load_profile
 from orchestrator.plan.expansion.adapt import effective_kernels
 from orchestrator.storage.db import open_db
@@ -117,11 +118,13 @@ async def run_plan(plan_path: Path, db_url: str | None, inventory: Path | None, 
         skipped = sum(1 for s in in_scope if s.run_id in done)
         if skipped:
             console.print(f"{skipped} of {len(in_scope)} runs already complete in the DB; skipping them")
-        verdicts = engine.preflight(todo)
+        # a UML lab restarts hosts on the kernel each group of runs needs; elsewhere a group is the whole plan
+        groups = kernel_groups(todo) if inv.kind == "uml" and todo else [todo]
+        verdicts = await _preflight_group(engine, groups[0], inventory or inventory_path(), console)
         outcomes = [await _record_refused(engine, v, plan_row, console) for v in verdicts if isinstance(v, Refused)]
         runnable = [v.spec for v in verdicts if isinstance(v, Runnable)]
         with progress_factory() as progress:
-            bar = progress.add_task(plan_path.name, total=len(runnable), phase="")
+            bar = progress.add_task(plan_path.name, total=len(todo) - len(outcomes), phase="")
 
             def on_phase(run_id: str, phase: str) -> None:
                 progress.update(bar, phase=f"{run_id}: {phase}")
@@ -138,6 +141,14 @@ async def run_plan(plan_path: Path, db_url: str | None, inventory: Path | None, 
 
             engine.on_phase = on_phase
             outcomes += await engine.run_many([(spec, plan_row) for spec in runnable], on_outcome)
+            for group in groups[1:]:
+                verdicts = await _preflight_group(engine, group, inventory or inventory_path(), console)
+                for v in verdicts:
+                    if isinstance(v, Refused):
+                        outcomes.append(await _record_refused(engine, v, plan_row, console))
+                        progress.advance(bar)
+                outcomes += await engine.run_many([(v.spec, plan_row) for v in verdicts if isinstance(v, Runnable)],
+                                                  on_outcome)
     console.print(summary_line(outcomes, skipped), markup=False)
     ended = {o.run_id for o in outcomes if o.status in ("complete", "failed")}   # refused ones have no data
     shown = [s.run_id for s in in_scope if s.run_id in done or s.run_id in ended]
@@ -150,6 +161,13 @@ async def run_plan(plan_path: Path, db_url: str | None, inventory: Path | None, 
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         console.print(f"no results table: the database is unreachable ({first})", style="red", markup=False)
     return exit_code(outcomes)
+
+
+async def _preflight_group(engine: RunEngine, group: list[RunSpec], inventory: Path, console: Console) -> list:
+    """Preflight verdicts for one kernel group, after a UML lab's hosts were switched to its kernels."""
+    if engine.inv.kind == "uml" and group:
+        await switch_hosts(engine, group[0], inventory.parent, lambda line: console.print(line, markup=False))
+    return engine.preflight(group)
 
 
 async def _record_refused(engine: RunEngine, refused: Refused, plan_row: dict, console: Console) -> RunOutcome:

@@ -101,6 +101,15 @@ class RunEngine:
             self.remember_hello(role)
             log.info("connected host=%s kernel=%s", role, self.hellos[role].capabilities.kernel_release)
 
+    async def disconnect(self, roles: list[str]) -> None:
+        """Close these hosts' connections and forget their hellos (a host about to restart on another kernel;
+        connect_all brings them back)."""
+        for role in roles:
+            client = self.clients.pop(role, None)
+            self.hellos.pop(role, None)
+            if client is not None:
+                await client.close()
+
     async def close(self) -> None:
         if self.ingest_worker is not None:
             await self.ingest_worker.close()

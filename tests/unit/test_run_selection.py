@@ -110,3 +110,25 @@ def test_the_cli_passes_the_filters_and_dry_run_to_run_plan(monkeypatch, tmp_pat
     assert args.func(args) == 3
     assert seen["filters"] == RunFilter(experiment="main", arm="a", repetition=1, kernel="old", limit=2)
     assert (seen["dry"], seen["refresh"], seen["force"]) == (True, False, False)
+
+
+def test_kernel_groups_follow_the_run_order_and_name_the_hosts_to_restart(specs):
+    from orchestrator.engine.kernel_switch import kernel_groups, switches_needed
+    from schemas import protocol
+
+    ordered = run_order(specs)
+    groups = kernel_groups(ordered)
+    assert [s for g in groups for s in g] == ordered
+    assert len(groups) == len({tuple(sorted((r, h.kernel.name) for r, h in s.hosts.items() if h.kernel))
+                               for s in ordered})
+    spec = groups[0][0]
+    built = {role: h.kernel.model_copy(update={"release": "6.1.192-uml-0123456789", "build_key": "k" * 64})
+             for role, h in spec.hosts.items() if h.kernel is not None}
+    spec = spec.model_copy(update={"hosts": {r: h.model_copy(update={"kernel": built.get(r, h.kernel)})
+                                             for r, h in spec.hosts.items()}})
+
+    def caps(release: str) -> dict:
+        return {r: protocol.Capabilities.model_construct(kernel_release=release) for r in spec.hosts}
+
+    assert built and switches_needed(spec, caps("6.1.176")) == {"k" * 64: list(built)}
+    assert switches_needed(spec, caps("6.1.192-uml-0123456789")) == {}
