@@ -32,12 +32,15 @@ class Completed:
     stderr: str
 
 
-def run(argv: list[str], check: bool = True, timeout: float = 30.0, cwd: str | None = None) -> Completed:
-    """Run a tool invocation synchronously (tc, ethtool, ip: milliseconds; apt, tar: `timeout` says how long)."""
+def run(argv: list[str], check: bool = True, timeout: float = 30.0, cwd: str | None = None,
+        stdin_text: str | None = None) -> Completed:
+    """Run a tool invocation synchronously (tc, ethtool, ip: milliseconds; apt, tar: `timeout` says how long).
+    `stdin_text`: what the tool reads on its stdin (`tc -batch -`)."""
     if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
         raise TypeError("argv must be a list of str")
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, cwd=cwd)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, cwd=cwd,
+                              input=stdin_text)
     except FileNotFoundError:
         raise ToolMissing(argv) from None
     done = Completed(argv, proc.returncode, proc.stdout, proc.stderr)
