@@ -82,7 +82,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
                     console.print(f"  vm {role}: {kernel} ({st['vm']['accel']}) pid {g['pid']} "
                                   f"alive {g['alive']}; console {g['console']}")
                 for role, g in st.get("uml", {}).get("guests", {}).items():
-                    console.print(f"  uml {role}: {st['uml']['kernel']['release']} pid {g['pid']} alive {g['alive']}; "
+                    console.print(f"  uml {role}: {g['release']} pid {g['pid']} alive {g['alive']}; "
                                   f"console {g['console']}")
                 for a in st["agents"]:
                     where = f"pid {a['pid']}" if a.get("pid") else f"on its guest, {a.get('agent')}"

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.agent_client import AgentClient, AgentError
@@ -114,13 +115,16 @@ def switch_kernel(state_dir: Path, roles: list[str], kernel: UmlKernel, prefix: 
     """Restart the UML hosts `roles` on `kernel` -- no install, no reboot: the supervisor stops each one's
     process and starts the new binary -- and verify each as a testbed host is verified after a kernel
     install: its agent's hello must report the kernel's release (which names the build's key). Returns the
-    seconds each took from the restart to that hello."""
+    seconds each took from the restart to that hello; a host already on `kernel` is left alone (not in it)."""
     inv = _inventory(state_dir)
     if inv.get("kind") != KIND:
         raise LabError("no UML lab is up: `tcplab lab up --kind uml` first")
     unknown = [r for r in roles if r not in inv["hosts"]]
     if unknown:
         raise LabError(f"no UML host {', '.join(unknown)} in the lab (hosts: {', '.join(inv['hosts'])})")
+    roles = [r for r in roles if (inv[KIND]["guests"][r].get("kernel") or {}) != kernel.to_json()]
+    if not roles:
+        return {}
     topo = lab_topology(Graph(tuple(inv["topology"]["hosts"]), tuple(inv["topology"]["switches"]),
                               tuple(tuple(link) for link in inv["topology"]["links"])), prefix)
     python, needed = guest_interpreter()
@@ -145,6 +149,32 @@ def switch_kernel(state_dir: Path, roles: list[str], kernel: UmlKernel, prefix: 
     return asyncio.run(_wait_switched(state_dir, inv, roles, old, kernel.release, started, timeout_s))
 
 
+def _listening(inv: dict, role: str) -> bool:
+    """Whether the host's agent accepts a TCP connection now (a booting host does not answer ARP: a full
+    connect would wait seconds for the kernel to give up; this one gives up after 0.2 s)."""
+    addr, _, port = inv["hosts"][role]["agent"].removeprefix("tcp://").rpartition(":")
+    try:
+        connect_in_netns(inv[KIND]["wire_namespace"], addr, int(port), timeout_s=0.2).close()
+        return True
+    except OSError:
+        return False
+
+
+def _wait_listening(state_dir: Path, inv: dict, roles: list[str], deadline: float,
+                    supervised: Callable[[], bool]) -> None:
+    """Until every host's agent listens (then the hello), or a host's kernel exited, or the deadline."""
+    waiting = list(roles)
+    while waiting:
+        if not supervised():
+            raise LabError(f"the lab supervisor exited; see {state_dir / 'lab.log'}")
+        _check_hosts(state_dir)
+        waiting = [r for r in waiting if not _listening(inv, r)]
+        if waiting and time.monotonic() > deadline:
+            raise LabError(f"the agents of {', '.join(waiting)} did not listen in time")
+        if waiting:
+            time.sleep(0.05)
+
+
 async def _wait_switched(state_dir: Path, inv: dict, roles: list[str], old: dict[str, int | None], release: str,
                          started: float, timeout_s: float) -> dict[str, float]:
     token = Path(inv["token_file"]).read_bytes().strip()
@@ -159,6 +189,8 @@ async def _wait_switched(state_dir: Path, inv: dict, roles: list[str], old: dict
             if pid is None or pid == old[role]:
                 continue
             _check_hosts(state_dir)
+            if not await asyncio.to_thread(_listening, inv, role):
+                continue
             host = inv["hosts"][role]
             client = AgentClient(role, host["agent"], token, netns=host["agent_netns"])
             try:
@@ -169,7 +201,7 @@ async def _wait_switched(state_dir: Path, inv: dict, roles: list[str], old: dict
             if hello.capabilities.kernel_release != release:
                 raise LabError(f"UML host {role} came back on {hello.capabilities.kernel_release}, not {release}")
             took[role] = round(time.monotonic() - started, 2)
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.05)
     return took
 
 
@@ -196,6 +228,7 @@ def _start(state_dir: Path, inv: dict, timeout_s: float) -> dict:
                                start_new_session=True, cwd=str(REPO_ROOT))
     inv["supervisor_pid"] = sup.pid
     inventory_path(state_dir).write_text(json.dumps(inv, indent=2))
+    _wait_listening(state_dir, inv, list(inv["hosts"]), started + timeout_s, lambda: sup.poll() is None)
     asyncio.run(netns._wait_for_agents(inv, Path(inv["token_file"]).read_bytes(), timeout_s, sup,
                                        check=lambda: _check_hosts(state_dir)))
     inv[KIND]["boot_s"] = round(time.monotonic() - started, 2)
@@ -296,7 +329,8 @@ def status(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX) -> dict:
     for role, g in info.get("guests", {}).items():
         pid = pids.get(f"{PROCESS}{role}")
         alive = bool(_verified(pid, marker))
-        guests[role] = {"pid": pid, "alive": alive, "console": g["console"]}
+        guests[role] = {"pid": pid, "alive": alive, "console": g["console"],
+                        "release": (g.get("kernel") or info.get("kernel") or {}).get("release")}
         agents.append({"role": role, "pid": None, "alive": alive, "agent": inv["hosts"][role]["agent"]})
         seen = _guest_links(state_dir, role) if alive else {}
         for ifname, i in inv["hosts"][role]["interfaces"].items():
