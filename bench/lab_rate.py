@@ -39,8 +39,9 @@ from schemas.flag import Flag  # noqa: E402
 WIRE = 1448 / 1514
 
 
-def plan_text(rates: list[int], flows: list[int], duration: int, netem: bool) -> str:
+def plan_text(rates: list[int], flows: list[int], duration: int, netem: bool, captures: bool = True) -> str:
     delay = "    delay: 10ms\n    line_rate: 10gbit\n" if netem else ""
+    capture = "" if captures else "  captures: []\n"
     return f"""
 version: 1
 name: lab-rate
@@ -65,7 +66,7 @@ run:
         net.ipv4.tcp_rmem: "4096 131072 33554432"
         net.ipv4.tcp_wmem: "4096 131072 33554432"
   tcp_probe: false
-  analysis: {{warmup: 2s}}
+{capture}  analysis: {{warmup: 2s}}
   accept_guards: [G-NETEM]
 matrix:
   axes:
@@ -90,7 +91,7 @@ def measure(kind: str, args: argparse.Namespace, work: Path) -> list[tuple]:
     prefix, state = f"tlrate{kind}", work / f"state-{kind}"
     netem = kind != "netns" and not args.no_netem
     plan = work / f"lab-rate-{kind}.yaml"
-    plan.write_text(plan_text(args.rates, args.flows, args.duration, netem))
+    plan.write_text(plan_text(args.rates, args.flows, args.duration, netem, not args.no_captures))
     started = time.monotonic()
     try:
         lab_up(kind, state, prefix)
@@ -98,11 +99,12 @@ def measure(kind: str, args: argparse.Namespace, work: Path) -> list[tuple]:
         url = f"sqlite:///{work / f'{kind}.db'}"
         with open(os.devnull, "w") as quiet:
             asyncio.run(run_plan(plan, db_url=url, inventory=netns.inventory_path(state), results=work / f"res-{kind}",
-                                 console=Console(file=quiet), progress_factory=lambda: Progress(disable=True)))
+                                 force=False, console=Console(file=quiet),
+                                 progress_factory=lambda: Progress(disable=True)))
     finally:
         lab_down(kind, state, prefix)
     with open_db(url).connect() as conn:
-        runs = conn.execute(sa.text("SELECT run_id, spec, flags, status FROM run ORDER BY run_id")).all()
+        runs = conn.execute(sa.text("SELECT run_id, spec, flags, status, error FROM run ORDER BY run_id")).all()
         rows = []
         for r in runs:
             spec = json.loads(r.spec) if isinstance(r.spec, str) else r.spec
@@ -112,6 +114,8 @@ def measure(kind: str, args: argparse.Namespace, work: Path) -> list[tuple]:
             flags = json.loads(r.flags) if isinstance(r.flags, str) else r.flags
             guards = sorted({Flag.from_stored(f).guard for f in flags if not Flag.from_stored(f).accepted})
             rows.append((kind, rate, len(spec["flows"]), goodput, r.status, guards, netem))
+            if r.status != "complete":
+                print(f"{kind}: {r.run_id} {r.status}: {(r.error or '').splitlines()[:3]}", flush=True)
     print(f"{kind}: lab up {up_s:.1f} s; load {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     return rows
 
@@ -123,6 +127,8 @@ def main() -> int:
     p.add_argument("--flows", default="1,4", type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--duration", type=int, default=8)
     p.add_argument("--no-netem", action="store_true", help="htb only on every lab")
+    p.add_argument("--no-captures", action="store_true",
+                   help="no tcpdump on the aqm (the default captures both sides of it, as the studies do)")
     args = p.parse_args()
     print(f"lab_rate: load {' '.join(f'{x:.2f}' for x in os.getloadavg())}, {os.cpu_count()} CPUs", flush=True)
     rows = []
@@ -132,8 +138,8 @@ def main() -> int:
     print(f"{'lab':6} {'rate':>9} {'flows':>5} {'goodput':>12} {'share':>6}  guards")
     summary = []
     for kind, rate, flows, goodput, status, guards, netem in rows:
-        if rate is None or goodput is None:
-            print(f"{kind:6} {'?':>9} {flows:>5} {status:>12}")
+        if goodput is None:
+            print(f"{kind:6} {(rate or 0) / 1e6:>6.0f} Mb {flows:>5} {status:>12}")
             continue
         share = goodput / (rate * WIRE)
         print(f"{kind:6} {rate / 1e6:>6.0f} Mb {flows:>5} {goodput / 1e6:>8.1f} Mb/s {share:>6.3f}  "

@@ -62,6 +62,8 @@ def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, kernel: UmlKernel 
     built for this kernel, each an agent --module-dir."""
     topo = netns_topology(prefix) if graph is None else lab_topology(graph, prefix)
     kernel = kernel or stock_uml()
+    if kernel is not None and not module_dirs and kernel.module_dir is not None:
+        module_dirs = (str(kernel.module_dir),)      # the project's modules, built against this kernel
     if kernel is None:
         raise LabError("the UML lab needs a UML kernel: `apt-get install user-mode-linux` (or `make uml-deps`), "
                        "or a `tcplab kernel build` of an `arch: um` variant")
