@@ -88,6 +88,18 @@ def flows_s(spec: RunSpec) -> float:
     return _last_flow_end_s(spec)
 
 
+def passive_processes(spec: RunSpec) -> int:
+    """The most processes one host starts before T0 for this run (pure): an iperf3 server per flow it
+    receives, a tcpdump per capture on it."""
+    count: dict[str, int] = {}
+    for f in spec.flows:
+        if f.tool != "app_limited":
+            count[f.dst] = count.get(f.dst, 0) + 1
+    for cp in spec.captures:
+        count[cp.link.host] = count.get(cp.link.host, 0) + 1
+    return max(count.values(), default=0)
+
+
 FLOW_TASK_KINDS = ("iperf3_client", "app_writer")
 
 

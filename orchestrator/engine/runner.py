@@ -340,8 +340,10 @@ class RunEngine:
         measured and this session's history; TCPLAB_FIXED_MARGINS=1: the old constants (a reference)."""
         if os.environ.get("TCPLAB_FIXED_MARGINS") == "1":
             return timing.fixed_margins()
-        m = timing.size_margins(timing.floors_for(self.inv.kind), rtts_ns, self.history.schedule_ns,
+        floors = timing.floors_for(self.inv.kind)
+        m = timing.size_margins(floors, rtts_ns, self.history.schedule_ns,
                                 self.history.ready_ns, base_rtt_ns=int((spec.derived.base_rtt_us or 0) * 1000))
+        m = timing.lead_for_processes(m, floors, bind.passive_processes(spec))
         if app_start_lead_ns(spec):   # an app-limited writer connects 0.8 s after the captures start, before T0
             m = replace(m, lead_ns=max(m.lead_ns, bind.LEAD_NS))
         return m

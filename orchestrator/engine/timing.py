@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from orchestrator.storage.timing import PHASES, PhaseClock, RunTiming  # the shapes a run row stores
 
 __all__ = ["PHASES", "PhaseClock", "RunTiming", "Floors", "Margins", "History", "size_margins", "fixed_margins",
-           "ready_latencies", "late_ready", "floors_for"]
+           "ready_latencies", "late_ready", "floors_for", "lead_for_processes"]
 
 K_RTT = 4            # schedule op ~ one control RTT + the agent's work; four covers a slow agent loop
 K_SCHEDULE = 2       # ... or twice the slowest schedule op recently measured
@@ -42,6 +42,9 @@ class Floors:
     grace_ns: int         # after the flows' connections closed, before the captures stop
     tail_max_ns: int      # passive tasks' stop_ns after the last flow's scheduled end (the bound)
     first_lead_ns: int    # the lead before anything was measured (a session's first run: cold caches)
+    # each process a host starts before T0 (an iperf3 server per flow it receives, a capture) after the first:
+    # where a process start is expensive (a UML host: ~0.1 s from the agent) the lead grows with their number
+    per_process_ns: int = 0
 
 
 FLOORS: dict[str, Floors] = {
@@ -55,7 +58,7 @@ FLOORS: dict[str, Floors] = {
     # UML hosts: the machine's clock and native-speed links, but a process costs ~30 ms to start in a guest
     # (tcpdump, iperf3), twice that while the machine is busy
     "uml": Floors(schedule_ns=100_000_000, lead_ns=400_000_000, grace_ns=100_000_000, tail_max_ns=2_000_000_000,
-                  first_lead_ns=800_000_000),
+                  first_lead_ns=800_000_000, per_process_ns=150_000_000),
     "testbed": Floors(schedule_ns=200_000_000, lead_ns=300_000_000, grace_ns=100_000_000,
                       tail_max_ns=2_000_000_000, first_lead_ns=600_000_000),
 }
@@ -92,6 +95,13 @@ def size_margins(floors: Floors, rtts_ns: Iterable[int], schedule_ns: Iterable[i
     grace = max(floors.grace_ns, int(base_rtt_ns))
     return Margins(schedule_ns=int(sched), lead_ns=int(max(lead, floors.lead_ns)), grace_ns=int(grace),
                    tail_max_ns=floors.tail_max_ns)
+
+
+def lead_for_processes(m: Margins, floors: Floors, processes: int) -> Margins:
+    """The lead, at least the floor's plus per_process_ns for each passive process after the first that one
+    host starts before T0 (pure): 8 iperf3 servers on one UML host took ~1.1 s to listen."""
+    need = floors.lead_ns + floors.per_process_ns * max(0, processes - 1)
+    return m if m.lead_ns >= need else Margins(m.schedule_ns, need, m.grace_ns, m.tail_max_ns, m.early_stop)
 
 
 def fixed_margins() -> Margins:

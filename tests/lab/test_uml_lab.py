@@ -187,3 +187,53 @@ def test_netem_htb_and_tso_act_inside_the_guests(uml_lab, tmp_path):
         assert seen_tso == {True, False}
         flags = stored_flags(db)
         assert not [f for fs in flags.values() for f in fs if f.guard == "G-RESET"], flags
+
+
+def test_a_host_switches_kernel_by_a_restart_and_is_verified(uml_lab):
+    """Kernel switch = restart: the aqm goes to Debian's UML kernel and back to the lab's, each time verified by
+    the release its new agent reports; the other hosts keep running (same pids)."""
+    from orchestrator.kernel.uml import debian_uml, stock_uml
+
+    inv, state_dir = uml_lab
+    here, other = stock_uml(), debian_uml()
+    if other is None or here is None or other.binary == here.binary:
+        pytest.skip("a kernel switch needs two UML kernels: the project's build and Debian's user-mode-linux")
+    before = {r: g["pid"] for r, g in uml.status(state_dir, PREFIX)["uml"]["guests"].items()}
+    there = uml.switch_kernel(state_dir, ["aqm"], other, PREFIX)
+    back = uml.switch_kernel(state_dir, ["aqm"], here, PREFIX)
+    print(f"\nswitch + verify: aqm -> {other.release} {there['aqm']} s, -> {here.release} {back['aqm']} s")
+    after = uml.status(state_dir, PREFIX)
+    assert after["healthy"] and after["uml"]["guests"]["aqm"]["release"] == here.release
+    assert after["uml"]["guests"]["aqm"]["pid"] != before["aqm"]
+    assert {r: after["uml"]["guests"][r]["pid"] for r in ("client", "server")} == \
+        {r: before[r] for r in ("client", "server")}
+    assert uml.switch_kernel(state_dir, ["aqm"], here, PREFIX) == {}     # already there: left alone
+    hello = asyncio.run(_hellos(inv))["aqm"]
+    assert hello.capabilities.kernel_release == here.release
+
+
+def test_the_quickstart_runs_on_the_uml_lab_with_tcp_probe(uml_lab, tmp_path):
+    """The quickstart's first two runs on the UML lab's stock kernel: complete, each sender socket traced by
+    tcp_probe inside its own kernel, no clock flag (one clock), no reset left undone."""
+    from orchestrator.engine.selection import RunFilter
+    from orchestrator.storage.db import open_db
+    from tests.lab.conftest import tcplab_run
+
+    inv, state_dir = uml_lab
+    if not inv["uml"]["kernel"]["tracing"]:
+        pytest.skip(f"the UML lab runs {inv['uml']['kernel']['source']}, which has no tracepoints: build the "
+                    "project's (tcplab kernel build experiments/kernels/uml-lab.yaml uml-6.1)")
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    rc, said = tcplab_run(Path(__file__).resolve().parents[2] / "experiments" / "quickstart.yaml",
+                          netns.inventory_path(state_dir), tmp_path / "results", url, filters=RunFilter(limit=2))
+    assert rc == 0, said
+    db = open_db(url)
+    with db.connect() as conn:
+        runs = conn.execute(text("SELECT run_id, run_key, status FROM run")).all()
+        assert len(runs) == 2 and {r.status for r in runs} == {"complete"}
+        for run in runs:
+            probes = conn.execute(text("SELECT count(*) FROM tcp_probe WHERE run_key = :k"),
+                                  {"k": run.run_key}).scalar_one()
+            assert probes > 1000, probes
+    flags = [f for fs in stored_flags(db).values() for f in fs]
+    assert not [f for f in flags if f.guard in ("G-CLOCK", "G-RESET")], flags

@@ -96,3 +96,14 @@ def test_a_shared_clock_records_the_measured_offset_but_corrects_by_none():
 def test_a_socket_is_opened_only_in_a_named_namespace(name):
     with pytest.raises(ValueError):
         socket_in_netns(name)
+
+
+def test_the_lead_grows_with_the_processes_a_uml_host_starts_before_t0():
+    from orchestrator.engine import timing
+
+    uml, netns_ = timing.floors_for("uml"), timing.floors_for("netns")
+    m = timing.size_margins(uml, [400_000], [], [])
+    assert timing.lead_for_processes(m, uml, 1).lead_ns == m.lead_ns
+    assert timing.lead_for_processes(m, uml, 8).lead_ns == uml.lead_ns + 7 * uml.per_process_ns
+    n = timing.size_margins(netns_, [100_000], [], [])
+    assert timing.lead_for_processes(n, netns_, 16) == n      # cheap process starts: unchanged
