@@ -141,14 +141,15 @@ def repack_clamped(deb: Path, work: Path, steps: _Steps) -> None:
 
 
 def build_modules(inputs: BuildInputs, tree: Path, work: Path, plan_dir: Path, release: str, steps: _Steps,
-                  jobs: int) -> list[Path]:
-    """Each out-of-tree module built against the variant's own tree; its vermagic must name the release."""
+                  jobs: int, env: dict[str, str] | None = None) -> list[Path]:
+    """Each out-of-tree module built against the variant's own tree (with `env`, the kernel's build
+    environment); its vermagic must name the release."""
     out = []
     for mod in inputs.modules:
         src = work / "modules" / Path(mod.name).name
         shutil.copytree(plan_file(plan_dir, mod.name, "module tree"), src)
         steps.run(f"build module {mod.name}", argv.module_build(tree, src, jobs=jobs,
-                                                                make_vars=argv.arch_vars(inputs.arch)))
+                                                                make_vars=argv.arch_vars(inputs.arch)), env=env)
         for ko in sorted(src.glob("*.ko")):
             vermagic = subprocess.run(argv.modinfo_vermagic(ko), capture_output=True, text=True,
                                       check=False).stdout.strip()
@@ -183,9 +184,10 @@ def package_um(inputs: BuildInputs, tree: Path, work: Path, out: Path, plan_dir:
                steps: _Steps, jobs: int) -> None:
     """A User-Mode Linux build: the `linux` binary and the module tree (in-tree and the variant's own modules,
     indexed by depmod) into `out` (umbuild.py has the layout)."""
-    for step in umbuild.compile_steps(tree, out, jobs):
+    for step in umbuild.compile_steps(tree, out, work, jobs):
         steps.run(step.name, step.argv, env=step.env)
-    for module_dir in sorted({ko.parent for ko in build_modules(inputs, tree, work, plan_dir, release, steps, jobs)}):
+    built = build_modules(inputs, tree, work, plan_dir, release, steps, jobs, env=umbuild.build_env(work))
+    for module_dir in sorted({ko.parent for ko in built}):
         step = umbuild.module_install_step(tree, module_dir, out)
         steps.run(step.name, step.argv, env=step.env)
     for link in umbuild.tree_links(out, release):

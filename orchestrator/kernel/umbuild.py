@@ -24,6 +24,11 @@ ARCH = "um"
 BINARY = "linux"
 MODULES = "modules"                     # INSTALL_MOD_PATH inside the entry
 EXTRA = "extra"                          # where modules_install puts out-of-tree modules (INSTALL_MOD_DIR default)
+# Where the build's temporary directory (the tree, the out-of-tree modules' copies) reads in the debug info. The
+# UML defconfig has DEBUG_INFO: without the map, the directory's absolute path (it holds the builder's pid) is in
+# the binary and, through the build ids, in every module, so two builds of one key differed in every file
+# (Documentation/kbuild/reproducible-builds.rst: "Absolute filenames").
+DEBUG_PREFIX = "/tcplab-build"
 # modules_install links these to the tree it ran in: a temporary directory, gone once the build is published
 TREE_LINKS = ("build", "source")
 
@@ -35,11 +40,19 @@ class Step:
     env: dict[str, str] | None = None
 
 
-def compile_steps(tree: Path, out: Path, jobs: int) -> list[Step]:
-    """The kernel and its in-tree modules, built and installed into the entry being written (`out`)."""
+def build_env(work: Path) -> dict[str, str]:
+    """The environment of every compiling step: the fixed timestamp, user and host, and the build directory
+    mapped to DEBUG_PREFIX in the debug info (C and assembler)."""
+    prefix_map = f"-fdebug-prefix-map={work}={DEBUG_PREFIX}"
+    return {**REPRODUCIBLE_ENV, "KCFLAGS": prefix_map, "KAFLAGS": prefix_map}
+
+
+def compile_steps(tree: Path, out: Path, work: Path, jobs: int) -> list[Step]:
+    """The kernel and its in-tree modules, built (in `work`, the build's temporary directory) and installed
+    into the entry being written (`out`)."""
     um = argv.arch_vars(ARCH)
     return [Step("make ARCH=um linux modules", argv.make(tree, "linux", "modules", jobs=jobs, extra=um),
-                 REPRODUCIBLE_ENV),
+                 build_env(work)),
             Step("make ARCH=um modules_install", argv.modules_install(tree, out / MODULES, ARCH), REPRODUCIBLE_ENV)]
 
 

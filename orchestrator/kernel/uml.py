@@ -40,10 +40,10 @@ class UmlKernel:
 
     `modules_root` is the directory that holds modules.dep and the module tree (`kernel/...`), whichever
     layout the kernel came with: `<entry>/modules/lib/modules/<release>` for a build,
-    `/usr/lib/uml/modules/<release>` for Debian's; `insmod <modules_root>/kernel/net/sched/sch_netem.ko` works
-    for both. `module_dir` holds the variant's out-of-tree modules as `<name>.ko` (an agent's --module-dir;
-    None for Debian's). `source` says where it came from: `build:<variant>` or
-    `debian:user-mode-linux=<package version>`."""
+    `/usr/lib/uml/modules/<release>` for Debian's (whose qdiscs and congestion controls are there:
+    `insmod <modules_root>/kernel/net/sched/sch_netem.ko`; the stock build has them built in).
+    `extra_modules` holds the variant's out-of-tree modules as `<name>.ko` (an agent's --module-dir; None for
+    Debian's). `source` says where it came from: `build:<variant>` or `debian:user-mode-linux=<version>`."""
 
     binary: Path
     modules_root: Path | None
@@ -51,7 +51,7 @@ class UmlKernel:
     build_key: str | None
     tracing: bool
     source: str
-    module_dir: Path | None = None
+    extra_modules: Path | None = None
 
     @property
     def install_root(self) -> Path | None:
@@ -79,7 +79,7 @@ def kernel_of_build(entry: Path, metadata: dict, config: str) -> UmlKernel:
     return UmlKernel(binary=entry / umbuild.BINARY, modules_root=umbuild.modules_root(entry, release),
                      release=release, build_key=metadata["key"], tracing=tracing_enabled(config),
                      source=f"build:{metadata.get('variant', '?')}",
-                     module_dir=extra if any(p.suffix == ".ko" for p in _listing(extra)) else None)
+                     extra_modules=extra if any(p.suffix == ".ko" for p in _listing(extra)) else None)
 
 
 def kernel_of_debian(binary: Path, release: str, modules_root: Path | None, version: str) -> UmlKernel:

@@ -88,15 +88,16 @@ def test_the_stock_uml_build_is_a_binary_and_a_module_tree(stock):
     assert stock.release.endswith(f"-uml-{stock.build_key[:10]}") and stock.tracing
     assert stock.binary == e.path / "linux" and os.access(stock.binary, os.X_OK)
     assert (stock.modules_root / "modules.dep").exists() and stock.install_root == e.path / "modules"
-    assert sorted(p.name for p in stock.module_dir.glob("*.ko")) == ["sch_aqm_mark.ko", "tcp_dctcp_flaws.ko"]
+    assert sorted(p.name for p in stock.extra_modules.glob("*.ko")) == ["sch_aqm_mark.ko", "tcp_dctcp_flaws.ko"]
     assert "extra/sch_aqm_mark.ko" in (stock.modules_root / "modules.dep").read_text()
     assert not any(p.is_symlink() for p in umbuild.tree_links(e.path, stock.release))   # no link to the gone tree
-    vermagic = subprocess.run(["modinfo", "-F", "vermagic", str(stock.module_dir / "sch_aqm_mark.ko")],
+    vermagic = subprocess.run(["modinfo", "-F", "vermagic", str(stock.extra_modules / "sch_aqm_mark.ko")],
                               capture_output=True, text=True, check=True).stdout
     assert vermagic.split()[0] == stock.release
     config = parse_config((e.path / "config").read_text())
     assert (config["CONFIG_HZ"], config["CONFIG_EVENT_TRACING"], config["CONFIG_UML_NET_VECTOR"]) == ("1000", "y", "y")
     assert not list(e.path.glob("*.deb"))
+    assert f".tmp-{stock.build_key}".encode() not in stock.binary.read_bytes()   # the build dir is not in it
     names = {o["name"] for o in meta["outputs"]}
     assert {"linux", "config", f"modules/lib/modules/{stock.release}/modules.dep"} <= names
     steps = [s["step"] for s in meta["steps"]]
@@ -126,7 +127,7 @@ def boot(kernel: uml.UmlKernel, init: Path, tmp: Path) -> str:
 
 def test_the_stock_uml_kernel_boots_traces_at_1000_hz_and_loads_a_project_module(stock, tmp_path):
     init = tmp_path / "init.sh"
-    init.write_text(INIT.format(ko=stock.module_dir / "sch_aqm_mark.ko"))
+    init.write_text(INIT.format(ko=stock.extra_modules / "sch_aqm_mark.ko"))
     init.chmod(0o755)
     out = boot(stock, init, tmp_path)
     report = dict(m.groups() for m in re.finditer(r"^(\w+)=(.*?)\r?$", out, re.M))

@@ -78,11 +78,15 @@ def test_um_argv_set_the_architecture_for_every_make():
 
 
 def test_the_um_build_steps_in_order():
-    steps = umbuild.compile_steps(TREE, OUT, jobs=2)
+    steps = umbuild.compile_steps(TREE, OUT, Path("/b"), jobs=2)
     assert [(s.name, s.argv) for s in steps] == [
         ("make ARCH=um linux modules", ["make", "-C", str(TREE), "-j2", "ARCH=um", "linux", "modules"]),
         ("make ARCH=um modules_install", argv.modules_install(TREE, OUT / "modules", "um"))]
-    assert all(s.env == REPRODUCIBLE_ENV for s in steps)        # the same fixed timestamp, user and host
+    # the same fixed timestamp, user and host; the build directory (it names the builder's pid) out of the
+    # debug info, so that two builds of one key give the same files
+    assert steps[0].env == {**REPRODUCIBLE_ENV, "KCFLAGS": "-fdebug-prefix-map=/b=/tcplab-build",
+                            "KAFLAGS": "-fdebug-prefix-map=/b=/tcplab-build"}
+    assert steps[1].env == REPRODUCIBLE_ENV
     mod = umbuild.module_install_step(TREE, Path("/b/work/modules/sch_aqm_mark"), OUT)
     assert mod.name == "install module sch_aqm_mark" and "M=/b/work/modules/sch_aqm_mark" in mod.argv
     assert umbuild.index_step(OUT, "6.1.192-uml-0123456789").argv == argv.depmod(OUT / "modules",
@@ -171,7 +175,7 @@ def test_a_cached_um_build_describes_its_binary_modules_and_tracing(tmp_path):
     rel = f"6.1.192-uml-{'ab' * 5}"
     assert k == uml.UmlKernel(binary=e / "linux", modules_root=e / "modules/lib/modules" / rel, release=rel,
                               build_key="ab" * 32, tracing=True, source="build:uml-6.1",
-                              module_dir=e / "modules/lib/modules" / rel / "extra")
+                              extra_modules=e / "modules/lib/modules" / rel / "extra")
     assert k.install_root == e / "modules"
     assert uml.find_uml_build(rel, tmp_path) == k and uml.find_uml_build("uml-6.1", tmp_path) == k
     assert uml.find_uml_build("cdcd", tmp_path) is None
@@ -210,7 +214,7 @@ def test_debians_package_has_its_modules_root_and_no_tracing(tmp_path):
     binary, modules = fake_debian(tmp_path)
     k = uml.debian_uml(binary, modules)
     assert k is not None
-    assert (k.binary, k.modules_root, k.release, k.build_key, k.tracing, k.module_dir, k.install_root) == (
+    assert (k.binary, k.modules_root, k.release, k.build_key, k.tracing, k.extra_modules, k.install_root) == (
         binary, modules / "6.1.176", "6.1.176", None, False, None, None)
     assert k.source.startswith("debian:user-mode-linux=")
     assert uml.debian_uml(tmp_path / "absent", modules) is None
