@@ -40,8 +40,27 @@ def patch(tree: Path, patch_file: Path) -> list[str]:
             str(patch_file)]
 
 
+def arch_vars(arch: str) -> tuple[str, ...]:
+    """make variables that choose the architecture: none for the host's own (x86_64), `ARCH=um` for User-Mode
+    Linux (every make of a um tree needs it, config targets included: without it kconfig reads x86's Kconfig)."""
+    return () if arch == "x86_64" else (f"ARCH={arch}",)
+
+
 def make(tree: Path, *targets: str, jobs: int = 1, extra: tuple[str, ...] = ()) -> list[str]:
     return ["make", "-C", str(tree), f"-j{jobs}", *extra, *targets]
+
+
+def modules_install(tree: Path, dest: Path, arch: str, module_dir: Path | None = None) -> list[str]:
+    """The tree's modules (or, with `module_dir`, an out-of-tree module's: into `extra/`) installed under
+    dest/lib/modules/<release>/, debug info stripped (INSTALL_MOD_STRIP=1: a quarter of the size)."""
+    ext = (f"M={module_dir}",) if module_dir is not None else ()
+    return ["make", "-C", str(tree), *arch_vars(arch), *ext, f"INSTALL_MOD_PATH={dest}", "INSTALL_MOD_STRIP=1",
+            "modules_install"]
+
+
+def depmod(root: Path, release: str) -> list[str]:
+    """modules.dep (and the other indexes modprobe reads) for root/lib/modules/<release>."""
+    return ["depmod", "-b", str(root), release]
 
 
 def merge_config(tree: Path, fragments: list[Path]) -> list[str]:

@@ -1,5 +1,7 @@
 """Building a kernel variant (effects): pinned inputs (sources.py) -> tree -> patches -> config -> `make
-bindeb-pkg` -> out-of-tree modules -> a cache entry (cache.py) with metadata.json (docs/kernels.md).
+bindeb-pkg` -> out-of-tree modules -> a cache entry (cache.py) with metadata.json (docs/kernels.md). A
+User-Mode Linux variant (`arch: um`) makes the `linux` binary and its module tree instead of packages
+(umbuild.py).
 
 Every step runs an argv list (argv.py) with its output appended to the build log; a failing step raises
 BuildError naming the step, the command and the log's last lines. The config is checked after
@@ -18,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.kernel import argv, cache
+from orchestrator.kernel import argv, cache, umbuild
 from orchestrator.kernel.sources import SourceError, fetch_tree, plan_file, resolve
 from orchestrator.kernel.spec import REPRODUCIBLE_ENV, BuildInputs, dropped_symbols, localversion, parse_config
 from orchestrator.plan.model.kernels import KernelVariant
@@ -88,17 +90,22 @@ def _debian_config(inputs: BuildInputs, work: Path, steps: _Steps) -> Path:
 
 def configure(inputs: BuildInputs, tree: Path, work: Path, plan_dir: Path, steps: _Steps, jobs: int) -> str:
     """Base config, fragments and LOCALVERSION merged, olddefconfig, every requested line checked."""
+    um = argv.arch_vars(inputs.arch)
     if inputs.config_base == "debian":
+        if inputs.arch != "x86_64":
+            raise BuildError(f"config_base debian is Debian's x86_64 config: no base for arch {inputs.arch}; use "
+                             "defconfig or tinyconfig")
         shutil.copy(_debian_config(inputs, work, steps), tree / ".config")
         steps.run("disable Debian's signing keys", argv.scripts_config(
             tree, *[op for k in DEBIAN_CONFIG_OFF for op in ("--set-str", k, "")]))
     else:
-        steps.run(f"make {inputs.config_base}", argv.make(tree, inputs.config_base, jobs=jobs))
+        steps.run(" ".join(["make", *um, inputs.config_base]), argv.make(tree, inputs.config_base, jobs=jobs,
+                                                                         extra=um))
     lv = work / "localversion.config"
     lv.write_text(f'CONFIG_LOCALVERSION="{localversion(inputs)}"\n# CONFIG_LOCALVERSION_AUTO is not set\n')
     fragments = [plan_file(plan_dir, f.name, "config fragment") for f in inputs.fragments] + [lv]
-    steps.run("merge config fragments", argv.merge_config(tree, fragments))
-    steps.run("make olddefconfig", argv.make(tree, "olddefconfig", jobs=jobs))
+    steps.run("merge config fragments", argv.merge_config(tree, fragments), env={"ARCH": inputs.arch} if um else None)
+    steps.run(" ".join(["make", *um, "olddefconfig"]), argv.make(tree, "olddefconfig", jobs=jobs, extra=um))
     final = parse_config((tree / ".config").read_text())
     dropped = [f"{frag.name}: {d}" for frag in fragments
                for d in dropped_symbols(parse_config(frag.read_text()), final)]
@@ -134,13 +141,15 @@ def repack_clamped(deb: Path, work: Path, steps: _Steps) -> None:
 
 
 def build_modules(inputs: BuildInputs, tree: Path, work: Path, plan_dir: Path, release: str, steps: _Steps,
-                  jobs: int) -> list[Path]:
-    """Each out-of-tree module built against the variant's own tree; its vermagic must name the release."""
+                  jobs: int, env: dict[str, str] | None = None) -> list[Path]:
+    """Each out-of-tree module built against the variant's own tree (with `env`, the kernel's build
+    environment); its vermagic must name the release."""
     out = []
     for mod in inputs.modules:
         src = work / "modules" / Path(mod.name).name
         shutil.copytree(plan_file(plan_dir, mod.name, "module tree"), src)
-        steps.run(f"build module {mod.name}", argv.module_build(tree, src, jobs=jobs))
+        steps.run(f"build module {mod.name}", argv.module_build(tree, src, jobs=jobs,
+                                                                make_vars=argv.arch_vars(inputs.arch)), env=env)
         for ko in sorted(src.glob("*.ko")):
             vermagic = subprocess.run(argv.modinfo_vermagic(ko), capture_output=True, text=True,
                                       check=False).stdout.strip()
@@ -148,6 +157,46 @@ def build_modules(inputs: BuildInputs, tree: Path, work: Path, plan_dir: Path, r
                 raise BuildError(f"module {ko.name}: vermagic {vermagic!r} does not name release {release}")
             out.append(ko)
     return out
+
+
+def package_debian(inputs: BuildInputs, tree: Path, work: Path, out: Path, plan_dir: Path, release: str,
+                   steps: _Steps, jobs: int) -> None:
+    """`make bindeb-pkg`, the variant's modules, and the packages (mtimes clamped) and .ko files into `out`."""
+    if date_changelog_from_epoch(tree):
+        steps.commands.append({"step": "date the Debian changelog from SOURCE_DATE_EPOCH",
+                               "argv": ["edit", "scripts/package/mkdebian"]})
+    steps.run("make bindeb-pkg", argv.make(tree, "bindeb-pkg", jobs=jobs), env=REPRODUCIBLE_ENV)
+    modules = build_modules(inputs, tree, work, plan_dir, release, steps, jobs)
+    debs = sorted(tree.parent.glob("*.deb"))          # bindeb-pkg writes them next to the tree
+    if not any(d.name.startswith(f"linux-image-{release}_") for d in debs):
+        raise BuildError(f"make bindeb-pkg made no linux-image-{release} package (found: "
+                         f"{', '.join(d.name for d in debs) or 'none'})")
+    for deb in debs:
+        repack_clamped(deb, work, steps)
+        shutil.move(deb, out / deb.name)
+    if modules:
+        (out / "modules").mkdir()
+        for ko in modules:
+            shutil.copy(ko, out / "modules" / ko.name)
+
+
+def package_um(inputs: BuildInputs, tree: Path, work: Path, out: Path, plan_dir: Path, release: str,
+               steps: _Steps, jobs: int) -> None:
+    """A User-Mode Linux build: the `linux` binary and the module tree (in-tree and the variant's own modules,
+    indexed by depmod) into `out` (umbuild.py has the layout)."""
+    for step in umbuild.compile_steps(tree, out, work, jobs):
+        steps.run(step.name, step.argv, env=step.env)
+    built = build_modules(inputs, tree, work, plan_dir, release, steps, jobs, env=umbuild.build_env(work))
+    for module_dir in sorted({ko.parent for ko in built}):
+        step = umbuild.module_install_step(tree, module_dir, out)
+        steps.run(step.name, step.argv, env=step.env)
+    for link in umbuild.tree_links(out, release):
+        link.unlink(missing_ok=True)
+    step = umbuild.index_step(out, release)
+    steps.run(step.name, step.argv, env=step.env)
+    if not (umbuild.modules_root(out, release) / "modules.dep").exists():
+        raise BuildError(f"depmod wrote no modules.dep under {umbuild.modules_root(out, release)}")
+    shutil.copy2(tree / umbuild.BINARY, out / umbuild.BINARY)
 
 
 def build(name: str, variant: KernelVariant, plan_dir: Path, root: Path = cache.DEFAULT_ROOT,
@@ -172,29 +221,18 @@ def build(name: str, variant: KernelVariant, plan_dir: Path, root: Path = cache.
             for p in inputs.patches:
                 steps.run(f"apply {p.name}", argv.patch(tree, plan_file(plan_dir, p.name, "patch")))
             config = configure(inputs, tree, tmp, plan_dir, steps, jobs)
-            kernelversion = subprocess.run(argv.make(tree, "kernelversion", extra=("-s",)), capture_output=True,
-                                           text=True, check=True).stdout.strip()
+            kernelversion = subprocess.run(argv.make(tree, "kernelversion", extra=("-s", *argv.arch_vars(
+                inputs.arch))), capture_output=True, text=True, check=True).stdout.strip()
             release = kernelversion + localversion(inputs)
-            if date_changelog_from_epoch(tree):
-                steps.commands.append({"step": "date the Debian changelog from SOURCE_DATE_EPOCH",
-                                       "argv": ["edit", "scripts/package/mkdebian"]})
-            steps.run("make bindeb-pkg", argv.make(tree, "bindeb-pkg", jobs=jobs), env=REPRODUCIBLE_ENV)
-            modules = build_modules(inputs, tree, tmp, plan_dir, release, steps, jobs)
+            if inputs.arch == umbuild.ARCH:
+                package_um(inputs, tree, tmp, out, plan_dir, release, steps, jobs)
+            else:
+                package_debian(inputs, tree, tmp, out, plan_dir, release, steps, jobs)
             (out / "config").write_text(config)
-            debs = sorted(tree.parent.glob("*.deb"))          # bindeb-pkg writes them next to the tree
-            if not any(d.name.startswith(f"linux-image-{release}_") for d in debs):
-                raise BuildError(f"make bindeb-pkg made no linux-image-{release} package (found: "
-                                 f"{', '.join(d.name for d in debs) or 'none'})")
-            for deb in debs:
-                repack_clamped(deb, tmp, steps)
-                shutil.move(deb, out / deb.name)
-            if modules:
-                (out / "modules").mkdir()
-                for ko in modules:
-                    shutil.copy(ko, out / "modules" / ko.name)
             outputs = [{"name": str(p.relative_to(out)), "sha256": sha256_file(p), "size": p.stat().st_size}
                        for p in sorted(out.rglob("*")) if p.is_file() and p.name != "build.log"]
-            meta = {"key": key, "variant": name, "release": release, "kernelversion": kernelversion,
+            meta = {"key": key, "variant": name, "arch": inputs.arch, "release": release,
+                    "kernelversion": kernelversion,
                     "inputs": inputs.canonical(), "outputs": outputs, "started_at": started.isoformat(),
                     "finished_at": dt.datetime.now(dt.UTC).isoformat(),
                     "duration_s": round(time.monotonic() - t0, 1), "jobs": jobs, "command": command,

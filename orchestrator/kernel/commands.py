@@ -64,8 +64,8 @@ def record(db_url: str | None, e: cache.Entry) -> None:
 def cmd_ls(args: argparse.Namespace, console: Console) -> int:
     for e in cache.entries(args.cache or cache.DEFAULT_ROOT):
         m = e.metadata
-        print(f"{e.key[:16]}  {m.get('variant', '?'):24} {e.release:40} {m.get('duration_s', '?'):>8} s  "
-              f"{m.get('finished_at', '')[:19]}")
+        print(f"{e.key[:16]}  {m.get('variant', '?'):24} {m.get('arch', 'x86_64'):6} {e.release:40} "
+              f"{m.get('duration_s', '?'):>8} s  {m.get('finished_at', '')[:19]}")
     return 0
 
 
@@ -81,6 +81,27 @@ def cmd_show(args: argparse.Namespace, console: Console) -> int:
 def cmd_gc(args: argparse.Namespace, console: Console) -> int:
     removed = cache.gc(args.cache or cache.DEFAULT_ROOT, keep=args.keep, older_than_days=args.older_than)
     console.print(f"kernel gc: removed {len(removed)}" + (f": {', '.join(removed)}" if removed else ""), markup=False)
+    return 0
+
+
+def cmd_uml(args: argparse.Namespace, console: Console) -> int:
+    """The UML kernel a UML lab boots: the stock build (built first with --build), else Debian's package."""
+    from dataclasses import asdict
+
+    from orchestrator.kernel import uml
+
+    root = args.cache or cache.DEFAULT_ROOT
+    try:
+        kernel = uml.ensure_stock_uml(args.build, root, jobs=args.jobs)
+    except (uml.UmlKernelError, SourceError, builder.BuildError) as exc:
+        console.print(f"kernel uml: {exc}", style="red", markup=False)
+        return 1
+    doc = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(kernel).items()}
+    if args.json:
+        print(json.dumps(doc, indent=2, sort_keys=True))
+    else:
+        for k, v in doc.items():
+            print(f"{k:13} {v}")
     return 0
 
 
@@ -121,6 +142,12 @@ def add_parser(sub, profile_help: str) -> None:
     sh = ks.add_parser("show", help="a build's metadata.json (by key prefix, release or variant name)")
     sh.add_argument("key")
     sh.set_defaults(kernel_func=cmd_show)
+    um = ks.add_parser("uml", help="the User-Mode Linux kernel a UML lab boots: the stock build "
+                       "(experiments/kernels/uml-lab.yaml) if cached, else Debian's user-mode-linux")
+    um.add_argument("--build", action="store_true", help="build the stock variant first if it is not cached")
+    um.add_argument("--jobs", type=int, default=None, help="make -j (default: every CPU)")
+    um.add_argument("--json", action="store_true", help="as JSON")
+    um.set_defaults(kernel_func=cmd_uml)
     gc = ks.add_parser("gc", help="remove old builds and abandoned temporary directories")
     gc.add_argument("--keep", type=int, default=3, help="builds kept per variant (newest)")
     gc.add_argument("--older-than", type=float, default=None, metavar="DAYS", help="also remove builds older than this")
@@ -137,6 +164,6 @@ def add_parser(sub, profile_help: str) -> None:
         p.add_argument("--cc", action="append", default=[], help="a congestion control that must be available")
         p.add_argument("--qdisc", action="append", default=[], help="a qdisc kind that must be creatable")
         p.set_defaults(kernel_func=cmd_install, verify_only=action == "verify", cache=None)
-    for p in (b, ls, sh, gc):
+    for p in (b, ls, sh, gc, um):
         p.add_argument("--cache", type=Path, default=None, help="cache root (default $TCPLAB_KERNEL_CACHE or "
                        "/var/cache/tcplab/kernels)")

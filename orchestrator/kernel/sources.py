@@ -125,7 +125,7 @@ def resolve(name: str, variant: KernelVariant, plan_dir: Path) -> BuildInputs:
     mods = [FileInput(m, tree_sha256(plan_file(plan_dir, m, "module tree"))) for m in variant.modules]
     return BuildInputs(variant=name, source=source_ref(variant, plan_dir), config_base=src.config_base,
                        patches=tuple(files), fragments=tuple(frags), modules=tuple(mods),
-                       localversion=src.localversion, toolchain=toolchain())
+                       localversion=src.localversion, toolchain=toolchain(), arch=src.arch)
 
 
 def fetch_tree(inputs: BuildInputs, work: Path) -> Path:

@@ -3,10 +3,11 @@ config (docs/kernels.md).
 
 A build's **key** is the sha256 of the canonical inputs' contents: the source (a Debian source package and its
 version, the commit a git ref resolved to, or a tarball's sha256), every patch's and config fragment's sha256 in
-order, the config base, every out-of-tree module's tree hash, the localversion the plan asked for, and the
-toolchain's versions (gcc, ld, make). Paths and names are not in it. The build runs with a fixed timestamp, user
-and host so that the same key gives the same package contents (all but the headers' objtool: docs/kernels.md). The key's
-first hex digits go into LOCALVERSION, so `uname -r` on a host names the exact build it runs.
+order, the config base, the architecture (`um`; an x86_64 key predates the choice and hashes as it did), every
+out-of-tree module's tree hash, the localversion the plan asked for, and the toolchain's versions (gcc, ld,
+make). Paths and names are not in it. The build runs with a fixed timestamp, user and host so that the same key
+gives the same package contents (all but the headers' objtool: docs/kernels.md). The key's first hex digits go
+into LOCALVERSION, so `uname -r` on a host names the exact build it runs.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ REPRODUCIBLE_ENV = {"KBUILD_BUILD_TIMESTAMP": "1970-01-01 00:00:00 UTC", "KBUILD
                     "KDEB_CHANGELOG_DIST": "tcplab", "LC_ALL": "C", "TZ": "UTC"}
 
 SourceKind = Literal["debian-package", "git", "tarball"]
+DEFAULT_ARCH = "x86_64"
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ class BuildInputs:
     modules: tuple[FileInput, ...] = ()
     localversion: str = ""
     toolchain: dict[str, str] = field(default_factory=dict)
+    arch: str = DEFAULT_ARCH       # x86_64 (Debian packages) or um (a User-Mode Linux binary and its modules)
 
     def canonical(self) -> dict:
         """Everything pinned, names included (metadata.json's `inputs`)."""
@@ -67,12 +70,15 @@ class BuildInputs:
     def content(self) -> dict:
         """What the key hashes: contents, not names. The variant's name and the paths patches, fragments,
         modules and tarballs are given by are labels: the same files under another path or in another clone
-        are the same build. A Debian source package is named by its package name and version."""
+        are the same build. A Debian source package is named by its package name and version. The arch is in
+        it unless it is x86_64: keys made before there was a choice stay the keys of the same builds (cached
+        entries, and the build keys runs recorded)."""
         s = self.source
-        return {"source": [s.kind, s.name if s.kind == "debian-package" else "", s.version],
-                "config_base": self.config_base, "patches": [p.sha256 for p in self.patches],
-                "fragments": [f.sha256 for f in self.fragments], "modules": [m.sha256 for m in self.modules],
-                "localversion": self.localversion, "toolchain": self.toolchain}
+        doc = {"source": [s.kind, s.name if s.kind == "debian-package" else "", s.version],
+               "config_base": self.config_base, "patches": [p.sha256 for p in self.patches],
+               "fragments": [f.sha256 for f in self.fragments], "modules": [m.sha256 for m in self.modules],
+               "localversion": self.localversion, "toolchain": self.toolchain}
+        return doc if self.arch == DEFAULT_ARCH else {**doc, "arch": self.arch}
 
     @property
     def key(self) -> str:

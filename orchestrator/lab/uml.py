@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.agent_client import AgentClient, AgentError
-from orchestrator.kernel.uml import UmlKernel, stock_uml
+from orchestrator.kernel.uml import UmlKernel, UmlKernelError, stock_uml
 from orchestrator.lab import netns, vm_guest
 from orchestrator.lab.netns import LAB_PREFIX, STATE_DIR, LabError, inventory_path
 from orchestrator.lab.topology import lab_topology, netns_topology
@@ -61,12 +61,12 @@ def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, kernel: UmlKernel 
     netns or vm lab: take it down first) or, when broken, taken down. `module_dirs`: directories of modules
     built for this kernel, each an agent --module-dir."""
     topo = netns_topology(prefix) if graph is None else lab_topology(graph, prefix)
-    kernel = kernel or stock_uml()
-    if kernel is not None and not module_dirs and kernel.module_dir is not None:
-        module_dirs = (str(kernel.module_dir),)      # the project's modules, built against this kernel
-    if kernel is None:
-        raise LabError("the UML lab needs a UML kernel: `apt-get install user-mode-linux` (or `make uml-deps`), "
-                       "or a `tcplab kernel build` of an `arch: um` variant")
+    try:
+        kernel = kernel or stock_uml()
+    except UmlKernelError as exc:
+        raise LabError(str(exc)) from None
+    if not module_dirs and kernel.extra_modules is not None:
+        module_dirs = (str(kernel.extra_modules),)      # the project's modules, built against this kernel
     if inventory_path(state_dir).exists() or netns.lab_namespaces(prefix):
         kind = lab_kind(state_dir)
         if kind != KIND and netns._supervisor_pid(state_dir):
@@ -130,7 +130,7 @@ def switch_kernel(state_dir: Path, roles: list[str], kernel: UmlKernel, prefix: 
     topo = lab_topology(Graph(tuple(inv["topology"]["hosts"]), tuple(inv["topology"]["switches"]),
                               tuple(tuple(link) for link in inv["topology"]["links"])), prefix)
     python, needed = guest_interpreter()
-    modules = (str(kernel.module_dir),) if getattr(kernel, "module_dir", None) else ()
+    modules = (str(kernel.extra_modules),) if kernel.extra_modules else ()
     for spec in inv["processes"]:
         role = spec["name"].removeprefix(PROCESS)
         if role in roles:

@@ -102,15 +102,17 @@ def vm_lab_up(tmp_path_factory, prefix: str, vm_roles: tuple[str, ...], timeout_
 
 def uml_unavailable() -> str | None:
     """Why the UML lab cannot run here (None: it can). It installs nothing: `make uml-deps` does."""
-    from orchestrator.kernel.uml import stock_uml
+    from orchestrator.kernel.uml import UmlKernelError, stock_uml
 
     reason = lab_unavailable()
     if reason:
         return reason
     if not os.path.exists("/dev/net/tun"):
         return "the UML lab needs /dev/net/tun"
-    if stock_uml() is None:
-        return "the UML lab needs a UML kernel: `make uml-deps` (Debian's user-mode-linux) or an `arch: um` build"
+    try:
+        stock_uml()
+    except UmlKernelError as exc:
+        return f"the UML lab needs a UML kernel (`make uml-deps`): {exc}"
     return None
 
 

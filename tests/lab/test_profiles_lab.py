@@ -72,7 +72,7 @@ def _groups() -> dict[tuple, list[Path]]:
     """Study plans by the VM lab they need under vm-lab.yaml: topology links, guests and kernel."""
     out: dict[tuple, list[Path]] = defaultdict(list)
     for path in STUDY_PLANS:
-        if path.parent.name in ("vm",) or path.name == "quickstart.yaml":
+        if path.parent.name in ("vm", "kernels") or path.name == "quickstart.yaml":
             continue
         req = lab_request(None, path, PROFILE_DIR / "vm-lab.yaml", None, None)
         out[(req.graph, req.vm_roles, req.kernel)].append(path)

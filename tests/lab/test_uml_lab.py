@@ -196,7 +196,7 @@ def test_a_host_switches_kernel_by_a_restart_and_is_verified(uml_lab):
 
     inv, state_dir = uml_lab
     here, other = stock_uml(), debian_uml()
-    if other is None or here is None or other.binary == here.binary:
+    if other is None or other.binary == here.binary:
         pytest.skip("a kernel switch needs two UML kernels: the project's build and Debian's user-mode-linux")
     before = {r: g["pid"] for r, g in uml.status(state_dir, PREFIX)["uml"]["guests"].items()}
     there = uml.switch_kernel(state_dir, ["aqm"], other, PREFIX)

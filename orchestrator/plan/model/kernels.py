@@ -21,8 +21,11 @@ SOURCE_PACKAGE = r"^linux-source-[0-9]+\.[0-9]+$"
 # newest the testbed's apt knows, as a profile names it (the run records the release it ran)
 IMAGE_PACKAGE = r"^linux-image-[0-9][A-Za-z0-9.+~-]*(\*[A-Za-z0-9.+~-]*)?$"
 # source fields added after plans had results: out of the variant's hash while at these defaults
-HASH_SKIP_IF_DEFAULT = {"package": None, "tarball": None, "config_base": "debian"}
+HASH_SKIP_IF_DEFAULT = {"package": None, "tarball": None, "config_base": "debian", "arch": "x86_64"}
 ConfigBase = Literal["debian", "defconfig", "tinyconfig"]
+# x86_64: a kernel for a machine or a VM guest (Debian packages); um: a User-Mode Linux kernel, a program the UML
+# lab runs per host (the `linux` binary and its module tree)
+Arch = Literal["x86_64", "um"]
 
 
 class KernelSource(Strict):
@@ -33,6 +36,9 @@ class KernelSource(Strict):
                              pattern=SOURCE_PACKAGE)
     tarball: str | None = _f(None, "a source tarball already on disk (path relative to the plan) instead of a "
                              "git tree", "sources/linux-6.1.tar.xz")
+    arch: Arch = _f("x86_64", "what the build is for: `x86_64` (Debian packages for a machine or a VM guest) or `um` "
+                    "(a User-Mode Linux binary and its modules, for the UML lab; config_base defconfig or tinyconfig)",
+                    "um")
     config_base: ConfigBase = _f("debian", "the config the fragments are merged into: Debian's config of the "
                                  "matching linux-image flavour, `make defconfig` or `make tinyconfig`", "tinyconfig")
     patches: list[str] = _f([], "patch files applied in order (paths relative to the plan)",
@@ -47,6 +53,9 @@ class KernelSource(Strict):
         if len(trees) != 1 or (self.git is None) != (self.ref is None):
             raise ValueError("give one of `git` and `ref` (a git tree), `package` (a Debian source package) or "
                              "`tarball` (a file on disk)")
+        if self.arch == "um" and self.config_base == "debian":
+            raise ValueError("arch um: config_base debian (the default) is Debian's x86 kernel config, not a "
+                             "User-Mode Linux one; give `config_base: defconfig` (or tinyconfig)")
         return self
 
 
