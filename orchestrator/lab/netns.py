@@ -66,6 +66,23 @@ def pid_alive(pid: int) -> bool:
     return _proc_state(pid) not in (None, "Z", "X")
 
 
+def supervised_children(state_dir: Path) -> dict[str, int]:
+    """name -> pid of the lab supervisor's children (agents.json: its agents and extra processes)."""
+    try:
+        return json.loads((state_dir / "agents.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def verified_pid(pid: int | None, marker: str) -> int | None:
+    """pid, if that process is alive and its command line names `marker` (never kill a reused pid)."""
+    try:
+        return pid if pid and pid_alive(pid) and marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes() \
+            else None
+    except OSError:
+        return None
+
+
 def topology_dict(topo: Topology) -> dict:
     """What the lab was built as, in a plan's TopologySpec shape (compared with a plan's by `tcplab run`)."""
     return {"hosts": list(topo.hosts), "switches": list(topo.switches),
@@ -88,6 +105,15 @@ def inventory_dict(topo: Topology, kind: str, token_file: Path, macs: dict[tuple
         hosts[role] = {"agent": agents[role], "namespace": namespaces[role], "interfaces": ifaces}
     return {"kind": kind, "prefix": topo.prefix, "token_file": str(token_file), "hosts": hosts,
             "topology": topology_dict(topo)}
+
+
+def new_token(state_dir: Path) -> Path:
+    """A fresh testbed token (0600) in the lab's state dir: every agent of the lab and the manager share it."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    token_file = state_dir / "token"
+    token_file.touch(mode=0o600)
+    token_file.write_text(secrets.token_hex(32))
+    return token_file
 
 
 def link_mac(namespace: str, ifname: str) -> str:
@@ -116,10 +142,7 @@ def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, timeout_s: float =
     try:
         for argv in build_argv(topo):
             procs.run(argv)
-        state_dir.mkdir(parents=True, exist_ok=True)
-        token_file = state_dir / "token"
-        token_file.touch(mode=0o600)
-        token_file.write_text(secrets.token_hex(32))
+        token_file = new_token(state_dir)
         inv = build_inventory(topo, state_dir, token_file)
         macs = {(role, name): i["mac"]
                 for role, h in inv["hosts"].items() for name, i in h["interfaces"].items()}

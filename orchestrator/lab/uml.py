@@ -14,7 +14,6 @@ import asyncio
 import json
 import os
 import re
-import secrets
 import shutil
 import signal
 import subprocess
@@ -80,11 +79,8 @@ def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, kernel: UmlKernel 
     try:
         for argv in wire_argv(topo):
             procs.run(argv)
-        state_dir.mkdir(parents=True, exist_ok=True)
+        token_file = netns.new_token(state_dir)
         (state_dir / "uml").mkdir(exist_ok=True)
-        token_file = state_dir / "token"
-        token_file.touch(mode=0o600)
-        token_file.write_text(secrets.token_hex(32))
         agents = {role: f"tcp://{control_addr(topo, role)}:{AGENT_PORT}" for role in topo.hosts}
         inv = netns.inventory_dict(topo, KIND, token_file, lab_macs(topo), agents, dict.fromkeys(topo.hosts))
         for host in inv["hosts"].values():
@@ -144,7 +140,7 @@ def switch_kernel(state_dir: Path, roles: list[str], kernel: UmlKernel, prefix: 
     sup = netns._supervisor_pid(state_dir)
     if sup is None:
         raise LabError("the UML lab's supervisor is not running: `tcplab lab down` and up again")
-    old = {r: _children(state_dir).get(f"{PROCESS}{r}") for r in roles}
+    old = {r: netns.supervised_children(state_dir).get(f"{PROCESS}{r}") for r in roles}
     write_atomic(inventory_path(state_dir), json.dumps(inv, indent=2))
     started = time.monotonic()
     os.kill(sup, signal.SIGHUP)
@@ -187,7 +183,7 @@ async def _wait_switched(state_dir: Path, inv: dict, roles: list[str], old: dict
             raise LabError(f"UML hosts {', '.join(r for r in roles if r not in took)} did not come back on "
                            f"{release} within {timeout_s:.0f} s")
         for role in [r for r in roles if r not in took]:
-            pid = _children(state_dir).get(f"{PROCESS}{role}")
+            pid = netns.supervised_children(state_dir).get(f"{PROCESS}{role}")
             if pid is None or pid == old[role]:
                 continue
             _check_hosts(state_dir)
@@ -238,22 +234,6 @@ def _start(state_dir: Path, inv: dict, timeout_s: float) -> dict:
     return inv
 
 
-def _children(state_dir: Path) -> dict[str, int]:
-    try:
-        return json.loads((state_dir / "agents.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-
-
-def _verified(pid: int | None, marker: str) -> int | None:
-    """pid, if that process is alive and its command line names `marker` (never kill a reused pid)."""
-    try:
-        return pid if pid and netns.pid_alive(pid) and marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes() \
-            else None
-    except OSError:
-        return None
-
-
 def _console_tail(path: Path, lines: int = 15) -> str:
     """The console's last lines, without a panic's stack dump (its cause is above it)."""
     try:
@@ -264,7 +244,7 @@ def _console_tail(path: Path, lines: int = 15) -> str:
 
 
 def _check_hosts(state_dir: Path) -> None:
-    for name, pid in _children(state_dir).items():
+    for name, pid in netns.supervised_children(state_dir).items():
         if name.startswith(PROCESS) and not netns.pid_alive(pid):
             role = name.removeprefix(PROCESS)
             raise LabError(f"the {role} UML kernel exited; its console ({uml_dir(state_dir, role) / 'console.log'}):"
@@ -282,13 +262,14 @@ def down(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX) -> list[str]:
     """Stop the supervisor (which stops every UML kernel), then anything left in the lab's namespaces by pid
     (netns.down); each host's console.log stays for the post-mortem."""
     marker = str(state_dir / "uml")
-    hosts = [p for n, p in _children(state_dir).items() if n.startswith(PROCESS) and _verified(p, marker)]
+    hosts = [p for n, p in netns.supervised_children(state_dir).items()
+             if n.startswith(PROCESS) and netns.verified_pid(p, marker)]
     removed = []
     sup = netns._supervisor_pid(state_dir)
     if sup:
         netns._kill_pids([sup], grace_s=20)
         removed.append(f"supervisor {sup}")
-    left = [p for p in hosts if _verified(p, marker)]
+    left = [p for p in hosts if netns.verified_pid(p, marker)]
     netns._kill_pids(left)
     removed += [f"uml process {p}" for p in left]
     removed += netns.down(state_dir, prefix)
@@ -325,12 +306,12 @@ def status(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX) -> dict:
     st = netns.status(state_dir, prefix)
     inv = _inventory(state_dir)
     info = inv.get(KIND, {})
-    pids = _children(state_dir)
+    pids = netns.supervised_children(state_dir)
     marker = str(state_dir / "uml")
     agents, guests = [], {}
     for role, g in info.get("guests", {}).items():
         pid = pids.get(f"{PROCESS}{role}")
-        alive = bool(_verified(pid, marker))
+        alive = bool(netns.verified_pid(pid, marker))
         guests[role] = {"pid": pid, "alive": alive, "console": g["console"],
                         "release": (g.get("kernel") or info.get("kernel") or {}).get("release")}
         agents.append({"role": role, "pid": None, "alive": alive, "agent": inv["hosts"][role]["agent"]})

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import secrets
 import shutil
 import subprocess
 import sys
@@ -122,10 +121,7 @@ def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, kernel: str | None
                                          for ep in ns_ends})
         for argv in neigh_argv(topo, macs, roles=ns_roles):
             procs.run(argv)
-        state_dir.mkdir(parents=True, exist_ok=True)
-        token_file = state_dir / "token"
-        token_file.touch(mode=0o600)
-        token_file.write_text(secrets.token_hex(32))
+        token_file = netns.new_token(state_dir)
         free = free_ports(2 * len(vm_roles))
         ports = dict(zip(vm_roles, free[:len(vm_roles)], strict=True))
         agents = {r: f"unix:{state_dir / f'agent-{r}.sock'}" for r in ns_roles}
@@ -262,7 +258,7 @@ def _console_tail(path: Path, lines: int = 15) -> str:
 
 
 def _check_qemu(state_dir: Path) -> None:
-    for name, pid in _children(state_dir).items():
+    for name, pid in netns.supervised_children(state_dir).items():
         if name.startswith(VM_PROCESSES) and not netns.pid_alive(pid):
             role = name.split("-", 1)[1]
             console = vm_dir(state_dir, role) / "console.log"
@@ -270,34 +266,18 @@ def _check_qemu(state_dir: Path) -> None:
                            f"{_console_tail(console)}")
 
 
-def _children(state_dir: Path) -> dict[str, int]:
-    try:
-        return json.loads((state_dir / "agents.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-
-
-def _verified(pid: int | None, marker: str) -> int | None:
-    """pid, if that process is alive and its command line names `marker` (never kill a reused pid)."""
-    try:
-        return pid if pid and netns.pid_alive(pid) and marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes() \
-            else None
-    except OSError:
-        return None
-
-
 def _guest_dirs(state_dir: Path) -> list[Path]:
     return sorted(p for p in state_dir.glob("vm-*") if p.is_dir())
 
 
 def _vm_pids(state_dir: Path) -> list[int]:
-    found = {pid for name, pid in _children(state_dir).items() if name.startswith(VM_PROCESSES)}
+    found = {pid for name, pid in netns.supervised_children(state_dir).items() if name.startswith(VM_PROCESSES)}
     for gdir in _guest_dirs(state_dir):
         try:
             found.add(int((gdir / "qemu.pid").read_text().split()[0]))
         except (OSError, ValueError, IndexError):
             pass
-    return sorted(p for p in found if _verified(p, str(state_dir)))
+    return sorted(p for p in found if netns.verified_pid(p, str(state_dir)))
 
 
 def lab_kind(state_dir: Path = STATE_DIR) -> str:
@@ -318,7 +298,7 @@ def down(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX) -> list[str]:
     if sup:
         netns._kill_pids([sup], grace_s=20)
         removed.append(f"supervisor {sup}")
-    left = [p for p in vm_pids if _verified(p, str(state_dir))]
+    left = [p for p in vm_pids if netns.verified_pid(p, str(state_dir))]
     netns._kill_pids(left)
     removed += [f"vm process {p}" for p in left]
     removed += netns.down(state_dir, prefix)
@@ -349,7 +329,7 @@ def _guest_links(state_dir: Path, role: str, inv: dict) -> dict[str, tuple[str, 
 
 def status(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX) -> dict:
     st = netns.status(state_dir, prefix)
-    pids = _children(state_dir)
+    pids = netns.supervised_children(state_dir)
     try:
         inv = json.loads(inventory_path(state_dir).read_text())
     except (OSError, json.JSONDecodeError):
@@ -361,7 +341,7 @@ def status(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX) -> dict:
     agents = [a for a in st["agents"] if a["role"] in inv.get("hosts", {}) and a["role"] not in vm_roles]
     for role in vm_roles:
         qemu = pids.get(f"qemu-{role}")
-        alive = bool(qemu and _verified(qemu, str(state_dir)))
+        alive = bool(qemu and netns.verified_pid(qemu, str(state_dir)))
         vm["guests"][role] = {"pid": qemu, "alive": alive, "console": v["guests"][role]["console"]}
         agents.append({"role": role, "pid": None, "alive": alive, "agent": inv["hosts"][role]["agent"]})
         seen = _guest_links(state_dir, role, inv) if alive else {}

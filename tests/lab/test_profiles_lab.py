@@ -79,6 +79,26 @@ def _groups() -> dict[tuple, list[Path]]:
     return out
 
 
+def _tally(plans: list[Path], profile, caps: dict, inv, counts: Counter, reasons: Counter) -> None:
+    """Each plan's runs judged against a lab's hellos: runnable or refused per plan, and every refusal checked to
+    name a kernel or a mechanism, never a role or the topology."""
+    for path in plans:
+        for v in check_runs(expand(load_plan(path), profile=profile), caps, inv):
+            counts[(path.relative_to(PROFILE_DIR.parent).as_posix(),
+                    "refused" if isinstance(v, Refused) else "runnable")] += 1
+            for why in v.reasons if isinstance(v, Refused) else ():
+                assert not TOPOLOGY.search(why), f"{path}: {v.spec.run_id}: {why}"
+                assert KERNEL.search(why) or MECHANISM.search(why), f"{path}: {why}"
+                reasons[re.sub(r"\b(k|pc|tbtcp|aqm|vanilla|dctcp|lsaimd)[\w.+-]*", "…", why)] += 1
+
+
+def _print_tally(counts: Counter, reasons: Counter) -> None:
+    for key, n in sorted(counts.items()):
+        print(f"{key[0]}: {n} {key[1]}")
+    for why, n in reasons.most_common(15):
+        print(f"{n:5d} x {why}")
+
+
 def test_every_study_plan_dry_runs_on_the_vm_lab_refused_only_for_kernels_or_mechanisms(tmp_path):
     from orchestrator.lab import vm, vm_image
 
@@ -97,14 +117,7 @@ def test_every_study_plan_dry_runs_on_the_vm_lab_refused_only_for_kernels_or_mec
                   f"({inv_doc['vm']['release']}), agents ready after {inv_doc['vm']['boot_s']} s")
             inv = load_inventory(netns.inventory_path(state_dir))
             caps = asyncio.run(live_capabilities(inv, tmp_path / f"results{i}"))
-            for path in plans:
-                verdicts = check_runs(expand(load_plan(path), profile=profile), caps, inv)
-                for v in verdicts:
-                    counts[(path.name, "refused" if isinstance(v, Refused) else "runnable")] += 1
-                    for reason in v.reasons if isinstance(v, Refused) else ():
-                        assert not TOPOLOGY.search(reason), f"{path}: {v.spec.run_id}: {reason}"
-                        assert KERNEL.search(reason) or MECHANISM.search(reason), f"{path}: {reason}"
-                        reasons[re.sub(r"\b(k|pc|tbtcp|aqm|vanilla|dctcp|lsaimd)[\w.+-]*", "…", reason)] += 1
+            _tally(plans, profile, caps, inv, counts, reasons)
             # the command itself, from the cache the hellos above wrote: no agent contacted
             rc, said = tcplab_run(plans[0], netns.inventory_path(state_dir), tmp_path / f"results{i}", None,
                                   dry=True, profile_path=PROFILE_DIR / "vm-lab.yaml")
@@ -112,10 +125,7 @@ def test_every_study_plan_dry_runs_on_the_vm_lab_refused_only_for_kernels_or_mec
         finally:
             vm.down(state_dir, prefix)
             assert netns.lab_namespaces(prefix) == []
-    for key, n in sorted(counts.items()):
-        print(f"{key[0]}: {n} {key[1]}")
-    for reason, n in reasons.most_common(15):
-        print(f"{n:5d} x {reason}")
+    _print_tally(counts, reasons)
     assert sum(counts.values()) == sum(len(expand(load_plan(p))) for ps in groups.values() for p in ps)
 
 
@@ -146,19 +156,9 @@ def test_every_study_plan_dry_runs_on_the_uml_lab_refused_only_for_kernels_or_me
                   f"agents ready after {inv_doc['uml']['boot_s']} s")
             inv = load_inventory(netns.inventory_path(state_dir))
             caps = asyncio.run(live_capabilities(inv, tmp_path / f"results{i}"))
-            for path in plans:
-                for v in check_runs(expand(load_plan(path), profile=profile), caps, inv):
-                    counts[(path.relative_to(PROFILE_DIR.parent).as_posix(),
-                            "refused" if isinstance(v, Refused) else "runnable")] += 1
-                    for why in v.reasons if isinstance(v, Refused) else ():
-                        assert not TOPOLOGY.search(why), f"{path}: {v.spec.run_id}: {why}"
-                        assert KERNEL.search(why) or MECHANISM.search(why), f"{path}: {why}"
-                        reasons[re.sub(r"\b(k|pc|tbtcp|aqm|vanilla|dctcp|lsaimd)[\w.+-]*", "…", why)] += 1
+            _tally(plans, profile, caps, inv, counts, reasons)
         finally:
             uml.down(state_dir, prefix)
             assert netns.lab_namespaces(prefix) == []
-    for key, n in sorted(counts.items()):
-        print(f"{key[0]}: {n} {key[1]}")
-    for why, n in reasons.most_common(15):
-        print(f"{n:5d} x {why}")
+    _print_tally(counts, reasons)
     assert sum(counts.values()) == sum(len(expand(load_plan(p))) for ps in groups.values() for p in ps)

@@ -63,7 +63,7 @@ def plan():
 
 
 def test_the_shipped_profiles_load_and_adapt_every_study_plan():
-    assert {p.name for p in PROFILES} == {"netns-lab.yaml", "vm-lab.yaml"}
+    assert {p.name for p in PROFILES} == {"netns-lab.yaml", "uml-lab.yaml", "vm-lab.yaml"}
     for path in PROFILES:
         profile = load_profile(path)
         assert profile.name == path.stem
