@@ -30,7 +30,9 @@ CONTROL_HOST_OCTET = 254          # the wire namespace's address on the control 
 AGENT_PORT = 7100                 # every host's agent, on its own control address
 EXEC_PORT = 7101                  # every host's exec port (`tcplab lab exec`), token-checked
 DATA_MTU = 9000                   # host-side taps and bridges: the guests' own MTU is the only limit
-MEMORY_MB = 384
+# a UML host's memory is a file of the machine's, touched page by page: the size is a bound, not a cost. Half of
+# it is the tmpfs the agent's artifacts go to (captures of a 1 Gbit/s run took more than 192 MB)
+MEMORY_MB = 1536
 MAX_HOSTS = 200                   # control addresses .1 ... .200
 SAFE_ARG = re.compile(r"^[A-Za-z0-9._/+:=,-]*$")  # UML's command line splits on spaces; no quoting exists
 
