@@ -168,7 +168,9 @@ def _wait_listening(state_dir: Path, inv: dict, roles: list[str], deadline: floa
         _check_hosts(state_dir)
         waiting = [r for r in waiting if not _listening(inv, r)]
         if waiting and time.monotonic() > deadline:
-            raise LabError(f"the agents of {', '.join(waiting)} did not listen in time")
+            consoles = "\n".join(f"{r}'s console ({uml_dir(state_dir, r) / 'console.log'}):\n"
+                                 f"{_console_tail(uml_dir(state_dir, r) / 'console.log', 6)}" for r in waiting)
+            raise LabError(f"the agents of {', '.join(waiting)} did not listen in time\n{consoles}")
         if waiting:
             time.sleep(0.05)
 
