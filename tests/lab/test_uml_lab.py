@@ -153,10 +153,10 @@ matrix:
 
 
 def test_netem_htb_and_tso_act_inside_the_guests(uml_lab, tmp_path):
-    """From the packets: no packet crosses the aqm in less than netem's 10 ms (and the fastest in little more),
-    the queue's own delay stays within the pfifo's 100 packets at 50 Mbit/s (24.2 ms); the link is used. With TSO on, the sender's own
-    capture holds super-packets (payload > one MSS) and the aqm receives MTU frames, as from a TSO NIC's wire;
-    with TSO off no packet anywhere is larger than one MSS."""
+    """From the packets: no packet crosses the aqm in less than netem's 10 ms (the fastest in little more), the
+    queue's own delay stays within the pfifo's 100 packets at 50 Mbit/s (24.2 ms), and the link is used. With TSO
+    on, the sender's own capture holds super-packets (payload > one MSS) and the aqm receives MTU frames, as from
+    a TSO NIC's wire; with TSO off no packet anywhere is larger than one MSS."""
     _, state_dir = uml_lab
     plan = tmp_path / "uml-path.yaml"
     plan.write_text(PATH_PLAN)
