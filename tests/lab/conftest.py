@@ -132,8 +132,8 @@ def uml_lab_up(tmp_path_factory, prefix: str, graph=None, kernel=None,
         try:
             inv = uml.up(state_dir, prefix, kernel=kernel, graph=graph, timeout_s=timeout_s)
         except LabError as exc:
-            # seen in 2 of ~25 bring-ups: one host's agent started and never listened (docs/uml-lab.md, "Costs
-            # and limits"); said here with the host's console, then one more bring-up
+            # seen in 2 of ~25 bring-ups: one host's agent started and never listened (docs/uml-lab.md, "A host
+            # that stalls"); said here with the host's console, then one more bring-up
             if "did not listen in time" not in str(exc):
                 raise
             print(f"\numl lab {prefix}: {exc}\nbringing it up once more")
