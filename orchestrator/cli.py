@@ -188,9 +188,9 @@ def cmd_kernel(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from analysis.report import write_report
     from analysis.select import SelectorError, select_all
-    from orchestrator.storage.db import open_db
+    from orchestrator.storage.db import open_existing_db
 
-    db = open_db(args.db)
+    db = open_existing_db(args.db)
     selectors = [*(args.selectors or []), *(f"run:{r}" for r in args.run or [])]
     try:
         run_ids = select_all(db, selectors) if selectors else None
@@ -206,10 +206,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from analysis.compare import compare, format_comparison
     from analysis.select import SelectorError
-    from orchestrator.storage.db import open_db
+    from orchestrator.storage.db import open_existing_db
 
     try:
-        sel_a, sel_b, rows = compare(open_db(args.db), args.a, args.b)
+        sel_a, sel_b, rows = compare(open_existing_db(args.db), args.a, args.b)
     except SelectorError as exc:
         console.print(f"[red]compare: no runs for {exc}[/red]")
         return 2
@@ -219,9 +219,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_table(args: argparse.Namespace) -> int:
     from analysis.summary import format_table, run_table
-    from orchestrator.storage.db import open_db
+    from orchestrator.storage.db import open_existing_db
 
-    print(format_table(run_table(open_db(args.db), args.run or None)))
+    print(format_table(run_table(open_existing_db(args.db), args.run or None)))
     return 0
 
 
@@ -241,6 +241,10 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         console.print(f"{len(run_dirs)} run(s) pending ingest in {args.results}")
     elif not run_dirs:
         console.print("[red]ingest: name run folders, or --pending[/red]")
+        return 2
+    if missing := [str(d) for d in run_dirs if not (d / "ingest.json").is_file()]:
+        console.print(f"ingest: not a run folder (no ingest.json): {', '.join(missing)}", style="red", markup=False,
+                      soft_wrap=True)
         return 2
     failed = 0
     for run_dir in run_dirs:
@@ -368,10 +372,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from orchestrator.storage.db import DatabaseMissing
+
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    sys.exit(args.func(args))
+    try:
+        sys.exit(args.func(args))
+    except DatabaseMissing as exc:     # read commands: one line, not a traceback
+        console.print(f"tcplab {args.command}: {exc}", style="red", markup=False, soft_wrap=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

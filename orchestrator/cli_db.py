@@ -59,9 +59,9 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
     from analysis.parquet_export import export
     from analysis.select import SelectorError, select_all
     from orchestrator.engine.provenance import tcplab_version
-    from orchestrator.storage.db import open_db
+    from orchestrator.storage.db import open_existing_db
 
-    db = open_db(args.db)
+    db = open_existing_db(args.db)
     try:
         run_ids = select_all(db, args.selectors) if args.selectors else _complete_runs(db)
         rows = export(db, run_ids, args.what, Path(args.out), args.selectors, tcplab_version())

@@ -136,6 +136,19 @@ def upgrade(engine: Engine) -> None:
         command.upgrade(alembic_config(conn), "head")
 
 
+class DatabaseMissing(ValueError):
+    """A command that reads results was pointed at a SQLite file that does not exist (a typo would otherwise
+    create an empty database and show an empty table)."""
+
+
+def open_existing_db(url: str | URL | None = None) -> Engine:
+    """open_db for the commands that only read: a SQLite file must exist already (DatabaseMissing)."""
+    path = sqlite_path(normalize_url(url if url is not None else default_db_url()))
+    if path is not None and not path.is_file():
+        raise DatabaseMissing(f"no result database at {path} (give --db, or set TCPLAB_DB)")
+    return open_db(url)
+
+
 def open_db(url: str | URL | None = None) -> Engine:
     """Open (creating if needed) the result database at `url` and migrate it to head."""
     engine = create_db_engine(url)

@@ -26,11 +26,22 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def tcp_port(text: str) -> int:
+    """argparse type: a TCP port number (a bad one is a usage error, not a traceback from the server)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a TCP port (1-65535)")
+    return port
+
+
 def add_parser(sub, console: Console) -> None:
     p = sub.add_parser("serve", help="a read-only web page over the result database: runs, plots, plans, "
                        "campaigns, comparisons (docs/web.md)")
     p.add_argument("--db", default=None, help="database URL (default $TCPLAB_DB or results/tcplab.db)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: local only)")
+    p.add_argument("--port", type=tcp_port, default=8000, help="TCP port, 1-65535 (default 8000)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=lambda args: cmd_serve(args, console))
