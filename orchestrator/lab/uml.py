@@ -24,9 +24,9 @@ from pathlib import Path
 
 from orchestrator.agent_client import AgentClient, AgentError
 from orchestrator.kernel.uml import UmlKernel, UmlKernelError, stock_uml
-from orchestrator.lab import netns, vm_guest
+from orchestrator.lab import netns, vm, vm_guest
 from orchestrator.lab.netns import LAB_PREFIX, STATE_DIR, LabError, inventory_path
-from orchestrator.lab.topology import lab_topology, netns_topology
+from orchestrator.lab.topology import Topology, lab_topology, netns_topology
 from orchestrator.lab.uml_config import (
     AGENT_PORT,
     EXEC_PORT,
@@ -67,7 +67,7 @@ def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, kernel: UmlKernel 
     if not module_dirs and kernel.extra_modules is not None:
         module_dirs = (str(kernel.extra_modules),)      # the project's modules, built against this kernel
     if inventory_path(state_dir).exists() or netns.lab_namespaces(prefix):
-        kind = lab_kind(state_dir)
+        kind = vm.lab_kind(state_dir)
         if kind != KIND and netns._supervisor_pid(state_dir):
             raise LabError(f"a {kind} lab is up in {state_dir}: run `tcplab lab down` first")
         if kind == KIND and status(state_dir, prefix)["healthy"]:
@@ -95,9 +95,7 @@ def up(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX, kernel: UmlKernel 
         inv["processes"], guests = [], {}
         for role in topo.hosts:
             gdir = _prepare_guest_dir(state_dir, role, token_file, host_config(topo, role, module_dirs))
-            env = stage1_env(gdir / "guest", python, REPO_ROOT, keep, kernel.modules_root)
-            inv["processes"].append({"name": f"{PROCESS}{role}", "stdout": str(gdir / "console.log"),
-                                     "argv": uml_argv(kernel.binary, topo, role, state_dir, STAGE1, env)})
+            inv["processes"].append(_process(topo, role, state_dir, kernel, python, keep))
             guests[role] = {"console": str(gdir / "console.log"), "control_addr": control_addr(topo, role),
                             "kernel": kernel.to_json()}
         inv[KIND] = {"kernel": kernel.to_json(), "wire_namespace": wire_namespace(prefix), "guests": guests,
@@ -127,13 +125,13 @@ def switch_kernel(state_dir: Path, roles: list[str], kernel: UmlKernel, prefix: 
                               tuple(tuple(link) for link in inv["topology"]["links"])), prefix)
     python, needed = guest_interpreter()
     modules = (str(kernel.extra_modules),) if kernel.extra_modules else ()
-    for spec in inv["processes"]:
+    keep = paths_to_keep(needed)
+    for i, spec in enumerate(inv["processes"]):
         role = spec["name"].removeprefix(PROCESS)
         if role in roles:
-            gdir = uml_dir(state_dir, role)
-            (gdir / "guest" / "guest.json").write_text(json.dumps(host_config(topo, role, modules), indent=2))
-            env = stage1_env(gdir / "guest", python, REPO_ROOT, paths_to_keep(needed), kernel.modules_root)
-            spec["argv"] = uml_argv(kernel.binary, topo, role, state_dir, STAGE1, env)
+            config = host_config(topo, role, modules)
+            (uml_dir(state_dir, role) / "guest" / "guest.json").write_text(json.dumps(config, indent=2))
+            inv["processes"][i] = _process(topo, role, state_dir, kernel, python, keep)
             inv[KIND]["guests"][role]["kernel"] = kernel.to_json()
     if kernel.modules_root is not None:
         MODULES_MOUNT_POINT.mkdir(parents=True, exist_ok=True)
@@ -205,6 +203,14 @@ async def _wait_switched(state_dir: Path, inv: dict, roles: list[str], old: dict
     return took
 
 
+def _process(topo: Topology, role: str, state_dir: Path, kernel: UmlKernel, python: str, keep: list[str]) -> dict:
+    """The supervisor's child for one UML host: its kernel's command line, its console as stdout."""
+    gdir = uml_dir(state_dir, role)
+    env = stage1_env(gdir / "guest", python, REPO_ROOT, keep, kernel.modules_root)
+    return {"name": f"{PROCESS}{role}", "stdout": str(gdir / "console.log"),
+            "argv": uml_argv(kernel.binary, topo, role, state_dir, STAGE1, env)}
+
+
 def _prepare_guest_dir(state_dir: Path, role: str, token_file: Path, config: dict) -> Path:
     """<state>/uml-<role>/ with guest/ (0700: token 0600, guest.json), which stage 1 copies at boot."""
     gdir = uml_dir(state_dir, role)
@@ -251,13 +257,6 @@ def _check_hosts(state_dir: Path) -> None:
             role = name.removeprefix(PROCESS)
             raise LabError(f"the {role} UML kernel exited; its console ({uml_dir(state_dir, role) / 'console.log'}):"
                            f"\n{_console_tail(uml_dir(state_dir, role) / 'console.log')}")
-
-
-def lab_kind(state_dir: Path = STATE_DIR) -> str:
-    try:
-        return json.loads(inventory_path(state_dir).read_text())["kind"]
-    except (OSError, json.JSONDecodeError, KeyError):
-        return KIND if any(state_dir.glob("uml-*/guest")) else "netns"
 
 
 def down(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX) -> list[str]:

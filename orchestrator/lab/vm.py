@@ -281,9 +281,13 @@ def _vm_pids(state_dir: Path) -> list[int]:
 
 
 def lab_kind(state_dir: Path = STATE_DIR) -> str:
+    """The kind of the lab in `state_dir` (its inventory's, else what its guest directories say): every lab's
+    `up` and the CLI's down/status ask this one function."""
     try:
         return json.loads(inventory_path(state_dir).read_text())["kind"]
     except (OSError, json.JSONDecodeError, KeyError):
+        if any(state_dir.glob("uml-*/guest")):
+            return "uml"
         live = [g for g in _guest_dirs(state_dir) if (g / "qemu.pid").exists() or (g / "guest").exists()]
         return "vm" if live else "netns"
 
