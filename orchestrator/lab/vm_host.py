@@ -2,7 +2,6 @@
 loopback ports, and the interpreter and directories the guests run from."""
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import json
 import logging
@@ -18,31 +17,25 @@ from orchestrator.lab import vm_image, vm_recipe
 from orchestrator.lab.netns import LabError
 from orchestrator.lab.vm_config import QEMU, kvm_probe_argv
 from orchestrator.lab.vm_recipe import PROBE_OK
+from orchestrator.netns_socket import in_netns
 from schemas import procs
 
 log = logging.getLogger("tcplab.lab")
 REPO_ROOT = Path(__file__).resolve().parents[2]
-TUNSETIFF, IFF_TAP, IFF_NO_PI, CLONE_NEWNET = 0x400454CA, 0x0002, 0x1000, 0x40000000
+TUNSETIFF, IFF_TAP, IFF_NO_PI = 0x400454CA, 0x0002, 0x1000
 
 
 def open_tap(namespace: str, ifname: str) -> int:
     """A tap named `ifname` created inside `namespace` (it lives as long as an fd to it is open)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    own = os.open("/proc/self/ns/net", os.O_RDONLY)
-    target = os.open(f"/run/netns/{namespace}", os.O_RDONLY)
+    def make() -> int:
+        fd = os.open("/dev/net/tun", os.O_RDWR)
+        fcntl.ioctl(fd, TUNSETIFF, struct.pack("16sH22x", ifname.encode(), IFF_TAP | IFF_NO_PI))
+        return fd
+
     try:
-        if libc.setns(target, CLONE_NEWNET) != 0:
-            raise LabError(f"setns {namespace}: {os.strerror(ctypes.get_errno())}")
-        try:
-            fd = os.open("/dev/net/tun", os.O_RDWR)
-            fcntl.ioctl(fd, TUNSETIFF, struct.pack("16sH22x", ifname.encode(), IFF_TAP | IFF_NO_PI))
-        finally:
-            if libc.setns(own, CLONE_NEWNET) != 0:  # never leave this process in the lab namespace
-                raise SystemExit(f"setns back to the root namespace failed: {os.strerror(ctypes.get_errno())}")
-    finally:
-        os.close(own)
-        os.close(target)
-    return fd
+        return in_netns(namespace, make)
+    except OSError as exc:
+        raise LabError(f"tap {ifname} in {namespace}: {exc}") from None
 
 
 def free_port() -> int:
