@@ -16,6 +16,7 @@ from sqlalchemy import Engine
 
 from analysis.metrics.windows import analysis_window
 from orchestrator.guards import ack, clock, cpu, ecn, pre_run, qdisc, ss
+from orchestrator.guards.appwrite import writer_findings
 from orchestrator.guards.events import event_findings
 from orchestrator.guards.probe import probe_flags
 from orchestrator.ingest.assemble import assemble, clock_offsets, cpu_samples, measured_clock_offsets
@@ -87,13 +88,13 @@ def evidence_guards(record: RunRecord) -> list[Flag]:
 
 
 def measured_guards(spec: RunSpec, ingest: RunIngest) -> list[Flag]:
-    """Guards on the parsed samples: qdisc counters (M-DROP, G-NETEM, G-HTB), ss (G-CC, G-SOCKBUF) and the timed
-    events' records (G-FAULT)."""
+    """Guards on the parsed samples: qdisc counters (M-DROP, G-NETEM, G-HTB), ss (G-CC, G-SOCKBUF), the timed
+    events' records (G-FAULT) and the app-limited writers' logs (G-TASK)."""
     flags = [f for host, iface, arr in ingest.qdisc_samples for f in qdisc.qdisc_findings(spec, host, iface, arr)]
     ports = {r["flow_id"]: r.get("src_port") for r in ingest.flows}
     flags += [f for host, arr in ingest.ss_samples for check in (ss.ss_cc_findings, ss.ss_sockbuf_findings)
               for f in check(spec, host, arr, ports)]
-    return flags + event_findings(ingest.events)
+    return flags + event_findings(ingest.events) + writer_findings(spec.flows, ingest.app_writes)
 
 
 def ack_tally(spec: RunSpec, ingest: RunIngest, t0_ns: int | None) -> tuple[ack.AckTally, ...]:

@@ -17,7 +17,7 @@ from analysis.report import write_report
 from analysis.thinstream import load_app_writes
 from orchestrator.ingest.applog import parse_write_log
 from schemas import limits
-from tests.lab.conftest import run_lab_plan
+from tests.lab.conftest import run_lab_plan_unloaded
 
 PLAN = Path(__file__).resolve().parents[1] / "plans" / "lab_thin_stream.yaml"
 INTERVAL_MS = 50.0
@@ -28,7 +28,9 @@ QUEUE_MS = 60.56    # derived.queue_capacity_ms of the plan
 def thin_db(lab, tmp_path_factory):
     _, state_dir = lab
     out = tmp_path_factory.mktemp("thin")
-    return run_lab_plan(PLAN, state_dir, out), out
+    # the writer's schedule is what the first test checks: a run whose writer the framework found off schedule
+    # (G-TASK on the writer's host) or whose machine was saturated (G-CPULOAD) is run again
+    return run_lab_plan_unloaded(PLAN, state_dir, out, guards=("G-CPULOAD", "G-TASK"), hosts=("server",)), out
 
 
 def runs(engine) -> dict[str, str]:

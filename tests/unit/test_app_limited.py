@@ -15,8 +15,9 @@ from agents.appflows import sink_argv, writer_argv
 from agents.appwriter import MAGIC, WRITE_RECORD, schedule, writes_planned
 from orchestrator.engine.appbind import APP_START_LEAD_NS, app_flow_tasks, app_start_lead_ns
 from orchestrator.engine.bind import Timeline
+from orchestrator.guards.appwrite import off_schedule, writer_findings
 from orchestrator.ingest import applat
-from orchestrator.ingest.applog import parse_read_log, parse_write_log
+from orchestrator.ingest.applog import SKIPPED, parse_read_log, parse_write_log
 from orchestrator.ingest.assemble import clock_offsets
 from orchestrator.ingest.pcap import read_pcap
 from orchestrator.ingest.record import RunRecord
@@ -217,3 +218,29 @@ def test_clock_offsets_are_removed_and_hosts_on_one_kernel_share_one() -> None:
 def test_first_reads_map_write_ends_to_the_sinks_reads() -> None:
     ends, ts = np.array([50, 150, 200]), np.array([1, 2, 3])
     assert applat.first_reads(ends, ts, np.array([50, 100, 150, 200, 250])).tolist() == [1, 2, 2, 3, applat.NONE]
+
+
+# ---------------------------------------------------------------- G-TASK: a writer off its schedule
+
+def test_a_stalled_writer_is_flagged_on_its_host_and_an_on_time_one_is_not() -> None:
+    flows = plan()[0].flows
+    on_time = parse_write_log((FIX / "on-time-writer.bin").read_bytes()).rows
+    stalled = parse_write_log((FIX / "stalled-writer.bin").read_bytes()).rows
+    assert off_schedule(on_time) == (120, 0, 0, pytest.approx(0.037, abs=0.001))
+    assert off_schedule(stalled)[:3] == (60, 5, 0) and 5.0 < off_schedule(stalled)[3] < 5.1
+    assert writer_findings(flows, [(flows[0].flow_id, on_time)]) == []
+    (flag,) = writer_findings(flows, [(flows[0].flow_id, on_time), (flows[1].flow_id, stalled)])
+    assert (flag.guard, flag.host) == ("G-TASK", "sender")
+    assert f"flow {flows[1].flow_id} (port 6001): 5 of 60 writes more than 2 ms after their instant" in flag.message
+    assert flag.evidence["late"] == 5 and flag.evidence["skipped"] == 0
+
+
+def test_skipped_instants_count_but_not_the_ones_before_the_first_write() -> None:
+    flows = plan()[0].flows
+    rows = parse_write_log((FIX / "on-time-writer.bin").read_bytes()).rows.copy()
+    rows["accepted"][:5] = SKIPPED           # the connection came up late: the flow's start, not a stall
+    assert off_schedule(rows)[:3] == (115, 0, 0)
+    assert writer_findings(flows, [(flows[0].flow_id, rows)]) == []
+    rows["accepted"][50:52] = SKIPPED        # two instants a stall made the writer leave out: 2 of 115 > 1 %
+    (flag,) = writer_findings(flows, [(flows[0].flow_id, rows)])
+    assert "0 of 115 writes more than 2 ms after their instant, 2 instants skipped" in flag.message

@@ -1,0 +1,54 @@
+"""G-TASK after the run: an app-limited writer (agents/appwriter.py) that did not keep its schedule.
+
+A thin-stream run is about what happens to writes made at the plan's instants; its metrics (M-APPLAT, M-APPREAD)
+are measured from each write's real time, but the stream's pattern -- the gaps that decide whether a write finds
+an idle or a busy connection, whether the RTO or a tail loss probe fires -- is the plan's only while the writer
+is on time. A loaded host delays the (SCHED_FIFO) writer now and then; one write in a hundred is noise, more is
+a different stream. Counted from the writer's own log, from its first write on (instants skipped before it,
+while the connection was coming up, are the flow's start, which the start-skew fold reports):
+- late: a write made more than LATE_NS after its instant (the writer spins the last 0.3 ms, so on an idle host it
+  writes within a few microseconds);
+- skipped: an instant reached more than half an interval late, which the writer leaves out rather than burst.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from orchestrator.ingest.applog import SKIPPED
+from orchestrator.plan.expansion.runspec import FlowSpec
+from schemas.flag import Flag
+
+LATE_NS = 2_000_000
+MAX_OFF_SCHEDULE = 0.01      # the share of instants that may be late or skipped before the run is flagged
+
+
+def off_schedule(rows: np.ndarray) -> tuple[int, int, int, float]:
+    """(instants counted, late writes, skipped instants, worst lateness in ms) of one writer's log rows."""
+    made = np.flatnonzero(rows["accepted"] != SKIPPED)
+    rows = rows[made[0]:] if made.size else rows[:0]
+    lateness = rows["t_ns"] - rows["sched_ns"]
+    skipped = rows["accepted"] == SKIPPED
+    late = ~skipped & (lateness > LATE_NS)
+    worst = float(lateness.max()) / 1e6 if rows.size else 0.0
+    return int(rows.size), int(late.sum()), int(skipped.sum()), worst
+
+
+def writer_findings(flows: Sequence[FlowSpec], app_writes: Iterable[tuple[int, np.ndarray]]) -> list[Flag]:
+    """One G-TASK flag per writer whose late writes and skipped instants exceed MAX_OFF_SCHEDULE of its instants."""
+    by_id = {f.flow_id: f for f in flows}
+    flags = []
+    for flow_id, rows in app_writes:
+        total, late, skipped, worst = off_schedule(rows)
+        if total == 0 or (late + skipped) <= MAX_OFF_SCHEDULE * total:
+            continue
+        f = by_id[flow_id]
+        flags.append(Flag(
+            guard="G-TASK", host=f.src,
+            message=f"app writer of flow {flow_id} (port {f.port}): {late} of {total} writes more than "
+                    f"{LATE_NS / 1e6:.0f} ms after their instant, {skipped} instants skipped (worst {worst:.1f} ms "
+                    f"late): the host did not keep the stream's schedule, its pattern is not the plan's there",
+            evidence={"flow_id": flow_id, "instants": total, "late": late, "skipped": skipped,
+                      "worst_late_ms": round(worst, 3), "late_bound_ms": LATE_NS / 1e6}))
+    return flags
