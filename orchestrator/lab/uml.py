@@ -30,6 +30,7 @@ from orchestrator.lab.topology import Topology, lab_topology, netns_topology
 from orchestrator.lab.uml_config import (
     AGENT_PORT,
     EXEC_PORT,
+    console_hint,
     control_addr,
     host_config,
     lab_macs,
@@ -162,6 +163,7 @@ def _wait_listening(state_dir: Path, inv: dict, roles: list[str], deadline: floa
     waiting = list(roles)
     while waiting:
         if not supervised():
+            _check_hosts(state_dir)     # a kernel that died took the supervisor down: its console says why
             raise LabError(f"the lab supervisor exited; see {state_dir / 'lab.log'}")
         _check_hosts(state_dir)
         waiting = [r for r in waiting if not _listening(inv, r)]
@@ -255,8 +257,10 @@ def _check_hosts(state_dir: Path) -> None:
     for name, pid in netns.supervised_children(state_dir).items():
         if name.startswith(PROCESS) and not netns.pid_alive(pid):
             role = name.removeprefix(PROCESS)
-            raise LabError(f"the {role} UML kernel exited; its console ({uml_dir(state_dir, role) / 'console.log'}):"
-                           f"\n{_console_tail(uml_dir(state_dir, role) / 'console.log')}")
+            console = uml_dir(state_dir, role) / 'console.log'
+            tail = _console_tail(console)
+            raise LabError(f"the {role} UML kernel exited; its console ({console}):\n{tail}"
+                           + (f"\n{hint}" if (hint := console_hint(tail)) else ""))
 
 
 def down(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX) -> list[str]:

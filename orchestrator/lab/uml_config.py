@@ -163,3 +163,17 @@ def stage1_env(guest_dir: Path, python: str, repo: Path, keep: Sequence[str], mo
     if modules_root is not None:
         env["TCPLAB_MODULES"] = str(modules_root)
     return env
+
+
+# A UML kernel whose compile-time buffer for the host's XSAVE area is smaller than the host CPU's (AMX tiles:
+# 10688 bytes; Linux 6.1 assumes 2696) cannot restore any process's registers: init dies at once.
+XSTATE_FAILURE = "ptrace set fp regs failed"
+
+
+def console_hint(console_tail: str) -> str | None:
+    """What to do about a UML kernel that died, when its console shows a known cause."""
+    if XSTATE_FAILURE in console_tail:
+        return ("this UML kernel cannot run processes on this CPU: its buffer for the CPU's XSAVE area (AVX-512, "
+                "AMX) is too small. The project's build carries the fix (experiments/kernels/patches/"
+                "uml-host-xstate.patch): `tcplab kernel uml --build`, then bring the lab up again")
+    return None

@@ -117,10 +117,10 @@ def uml_unavailable() -> str | None:
 
 
 def uml_lab_up(tmp_path_factory, prefix: str, graph=None, kernel=None,
-               timeout_s: float = 120) -> Iterator[tuple[dict, Path]]:
+               timeout_s: float = 120, traced: bool = False) -> Iterator[tuple[dict, Path]]:
     """Body of a UML-lab fixture: skips with the reason when the UML lab cannot run here, always takes the lab
     down. `graph`: a plan's topology (default: the quickstart's chain); `kernel`: an UmlKernel (default: the
-    stock one)."""
+    stock one); `traced`: the tests' plans trace tcp_probe, so a kernel without tracepoints skips them."""
     from orchestrator.lab import uml
     from orchestrator.lab.netns import LabError
 
@@ -140,6 +140,9 @@ def uml_lab_up(tmp_path_factory, prefix: str, graph=None, kernel=None,
             uml.down(state_dir, prefix)
             inv = uml.up(state_dir, prefix, kernel=kernel, graph=graph, timeout_s=timeout_s)
         k = inv["uml"]["kernel"]
+        if traced and not k["tracing"]:
+            pytest.skip(f"these plans trace tcp_probe; the UML lab runs {k['source']}, which has no tracepoints: "
+                        "build the project's UML kernel (experiments/kernels/uml-lab.yaml)")
         print(f"\numl lab {prefix}: {', '.join(inv['hosts'])} on {k['release']} ({k['source']}), agents ready "
               f"after {inv['uml']['boot_s']} s")
         yield inv, state_dir

@@ -14,7 +14,8 @@ from sqlalchemy import text
 
 from orchestrator.agent_client import AgentClient
 from orchestrator.lab import netns, uml
-from orchestrator.lab.uml_config import wire_namespace
+from orchestrator.lab.netns import LabError
+from orchestrator.lab.uml_config import XSTATE_FAILURE, uml_dir, wire_namespace
 from orchestrator.plan.model.topology import Graph
 from tests.lab.conftest import TEST_PREFIX, run_lab_plan, stored_flags, uml_lab_up
 
@@ -203,7 +204,18 @@ def test_a_host_switches_kernel_by_a_restart_and_is_verified(uml_lab):
     if other is None or other.binary == here.binary:
         pytest.skip("a kernel switch needs two UML kernels: the project's build and Debian's user-mode-linux")
     before = {r: g["pid"] for r, g in uml.status(state_dir, PREFIX)["uml"]["guests"].items()}
-    there = uml.switch_kernel(state_dir, ["aqm"], other, PREFIX)
+    try:
+        there = uml.switch_kernel(state_dir, ["aqm"], other, PREFIX)
+    except LabError as exc:
+        console = (uml_dir(state_dir, "aqm") / "console.log").read_text(errors="replace")
+        if XSTATE_FAILURE not in console:
+            raise
+        # Debian's 6.1 cannot run a process on a CPU with AMX tiles (docs/kernels.md): the lab said so; the aqm
+        # goes back to the lab's kernel, and the test needs another runnable UML kernel to switch to
+        uml.switch_kernel(state_dir, ["aqm"], here, PREFIX)
+        assert uml.status(state_dir, PREFIX)["healthy"]
+        pytest.skip(f"a kernel switch needs two UML kernels that run on this CPU; {other.source} does not "
+                    f"({XSTATE_FAILURE}: its buffer for the CPU's XSAVE area is too small): {exc}")
     back = uml.switch_kernel(state_dir, ["aqm"], here, PREFIX)
     print(f"\nswitch + verify: aqm -> {other.release} {there['aqm']} s, -> {here.release} {back['aqm']} s")
     after = uml.status(state_dir, PREFIX)

@@ -21,11 +21,7 @@ PREFIX = f"{TEST_PREFIX}p"[:12]
 
 @pytest.fixture(scope="module")
 def uml_physics(tmp_path_factory):
-    for inv, state_dir in uml_lab_up(tmp_path_factory, PREFIX):
-        if not inv["uml"]["kernel"]["tracing"]:
-            pytest.skip(f"these plans trace tcp_probe; the UML lab runs {inv['uml']['kernel']['source']}, which has "
-                        "no tracepoints: build the project's UML kernel (experiments/kernels/uml-lab.yaml)")
-        yield inv, state_dir
+    yield from uml_lab_up(tmp_path_factory, PREFIX, traced=True)
 
 
 RED_ECN_PLAN = Path(__file__).resolve().parents[2] / "experiments" / "vm" / "red-ecn.yaml"

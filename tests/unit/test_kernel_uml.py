@@ -132,16 +132,42 @@ def test_the_uml_lab_fragment_holds_what_the_lab_needs_built_in():
     assert "CONFIG_KPROBES" not in fragment                          # UML has none
 
 
-def test_the_stock_variant_is_a_um_build_of_debians_source_with_the_hz_patch():
+def test_the_stock_variant_is_a_um_build_of_debians_source_with_the_projects_patches():
     name, variant, plan_dir = uml.stock_variant()
     src = variant.source
     assert name == "uml-6.1" and plan_dir == KERNELS and src is not None
     assert (src.arch, src.config_base, src.package) == ("um", "defconfig", "linux-source-6.1")
-    assert [(plan_dir / p).resolve() for p in src.patches] == [KERNELS / "patches" / "uml-hz-1000.patch"]
+    assert [(plan_dir / p).resolve() for p in src.patches] == [
+        KERNELS / "patches" / name for name in ("uml-hz-1000.patch", "uml-host-xstate.patch", "uml-kernel-remap.patch")]
     assert [(plan_dir / c).resolve() for c in src.config] == [KERNELS / "configs" / "uml-lab.config"]
     assert sorted(Path(m).name for m in variant.modules) == ["sch_aqm_mark", "tcp_dctcp_flaws"]
     assert all((plan_dir / m / "Kbuild").is_file() for m in variant.modules)
     assert load_plan(uml.STOCK_PLAN).kernels[name] == variant
+
+
+def test_the_xstate_patch_sizes_the_transfers_from_the_host_and_the_stacks_hold_the_buffer():
+    """The patch's transfers use the size the host reported; its buffer (16 KiB) sits in each task's thread_info
+    at the bottom of the kernel stack, so the fragment asks for 64 KiB stacks (order 4)."""
+    text = (KERNELS / "patches" / "uml-host-xstate.patch").read_text()
+    added = [ln[1:].strip() for ln in text.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
+    assert added.count("iov.iov_len = host_xstate_bytes;") == 2 and "host_xstate_bytes = iov.iov_len;" in added
+    assert "DEFINE_LONGS(HOST_FP_SIZE, 16384);" in added
+    fragment = dict(ln.split("=", 1) for ln in (KERNELS / "configs" / "uml-lab.config").read_text().splitlines()
+                    if ln.startswith("CONFIG_"))
+    assert int(fragment["CONFIG_KERNEL_STACK_ORDER"]) >= 4      # 4 KiB << 4 = 64 KiB > 16 KiB + a call chain
+
+
+def test_the_remap_patch_maps_present_kernel_pages_in_place_and_unmaps_only_absent_ones():
+    text = (KERNELS / "patches" / "uml-kernel-remap.patch").read_text()
+    body = text[text.index("--- a/arch/um/kernel/tlb.c"):]
+    removed = [ln[1:].strip() for ln in body.splitlines() if ln.startswith("-") and not ln.startswith("---")]
+    added = [ln[1:].strip() for ln in body.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
+    assert "if (!pte_present(*pte) || pte_newpage(*pte)) {" in removed     # unmap, then map again: the window
+    assert "if (!pte_present(*pte)) {" in added and "else if (pte_newpage(*pte)) {" in added
+    code = [ln for ln in added if not ln.startswith(("/*", "*"))]
+    # the munmap stays in the not-present branch only: the present branch maps, never unmaps
+    present = code[code.index("else if (pte_newpage(*pte)) {"):]
+    assert not any("add_munmap" in ln for ln in present) and any("add_mmap" in ln for ln in present)
 
 
 def test_the_hz_patch_turns_the_fixed_hz_into_the_generic_choice():

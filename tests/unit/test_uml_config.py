@@ -10,6 +10,7 @@ from orchestrator.lab.netns import LabError
 from orchestrator.lab.topology import lab_topology, netns_topology
 from orchestrator.lab.uml_config import (
     CONTROL_BRIDGE,
+    console_hint,
     control_addr,
     host_config,
     host_nics,
@@ -107,3 +108,15 @@ def test_the_lead_grows_with_the_processes_a_uml_host_starts_before_t0():
     assert timing.lead_for_processes(m, uml, 8).lead_ns == uml.lead_ns + 7 * uml.per_process_ns
     n = timing.size_margins(netns_, [100_000], [], [])
     assert timing.lead_for_processes(n, netns_, 16) == n      # cheap process starts: unchanged
+
+
+def test_a_kernel_too_old_for_the_cpus_xsave_area_is_named_with_the_fix():
+    """A real console: the build without the xstate patch on an AMX CPU; the hint names the patch and the command.
+    What the lab shows is the console without the panic's stack dump (uml._console_tail)."""
+    from orchestrator.lab.uml import _console_tail
+
+    tail = _console_tail(Path(__file__).resolve().parents[1] / "fixtures" / "uml" / "console-xstate-panic.log")
+    assert "[<" not in tail and "Attempted to kill init" in tail
+    hint = console_hint(tail)
+    assert hint is not None and "uml-host-xstate.patch" in hint and "tcplab kernel uml --build" in hint
+    assert console_hint("Kernel panic - not syncing: VFS: Unable to mount root fs") is None
