@@ -98,9 +98,9 @@ flow = Table(
     Column("tool", String(32), nullable=False),
     Column("ack_ratio", Float, nullable=True),             # M-ACKRATIO: data segments per pure ACK (G-ACK)
     Column("scheduled_start_ns", BigInteger, nullable=True),   # T0 + start_s (the manager's clock)
-    Column("measured_start_ns", BigInteger, nullable=True),    # the flow's first SYN, in the manager's clock
+    Column("measured_start_ns", BigInteger, nullable=True),    # the flow's first data packet, in the manager's clock
     Column("start_skew_ns", BigInteger, nullable=True),        # M-STARTSKEW: measured - scheduled
-    Column("start_point", String(128), nullable=True),         # the capture point the SYN was taken from
+    Column("start_point", String(128), nullable=True),         # the capture point the first data packet was taken from
 )
 
 artifact = Table(
