@@ -1,6 +1,8 @@
-"""The app-limited (thin-stream) flow's tasks: the writer on the sender, the sink on the receiver.
+"""The app-limited (thin-stream) flow's tasks: the writer on the sender, the sink on the receiver; and the bulk
+sender of `bulk` flows (their receivers are the same sinks).
 
-Each is one child process, `python -m agents.appwriter` (agents/appwriter.py), started with the agent's
+Each is one child process, `python -m agents.appwriter` (agents/appwriter.py) or `python -m agents.bulksend`
+(agents/bulksend.py), started with the agent's
 own interpreter and package path, tied to the agent's life (agents/children.py) and stopped by pid. The
 child writes its log itself (the artifact); its stderr says why it failed.
 """
@@ -12,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from agents.bulksend import flow_arg
 from agents.children import spawn
 from agents.taskbase import TaskRunner
 from schemas import limits, procs
@@ -19,6 +22,7 @@ from schemas import limits, procs
 PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)   # holds agents/: the child imports agents.appwriter
 # -S: no site module (the child needs the standard library only; site-packages' .pth hooks cost startup time)
 CHILD = [sys.executable, "-S", "-m", "agents.appwriter"]
+BULK_CHILD = [sys.executable, "-S", "-m", "agents.bulksend"]
 EXIT_GRACE_S = 30.0   # after its last write the writer only closes; the sink only waits for EOF
 
 
@@ -34,6 +38,13 @@ def writer_argv(spec, out: Path) -> list[str]:
 def sink_argv(spec, out: Path) -> list[str]:
     """argv of the sink child (pure); the sink listens on every address of its namespace, as iperf3 -s."""
     return [*CHILD, "sink", "--port", str(spec.port), "--end-ns", str(spec.stop_ns), "--out", str(out)]
+
+
+def bulk_argv(spec, out: Path) -> list[str]:
+    """argv of the bulk sender child (pure): one --flow item per flow."""
+    flows = [a for f in spec.flows for a in ("--flow", flow_arg(f))]
+    return [*BULK_CHILD, *flows, "--connect-ns", str(spec.connect_ns), "--first-ns", str(spec.first_ns),
+            "--out", str(out)]
 
 
 class _AppChild(TaskRunner):
@@ -58,8 +69,12 @@ class _AppChild(TaskRunner):
         stderr = (await proc.stderr.read()).decode(errors="replace") if proc.stderr else ""
         self.meta.update({"returncode": proc.returncode, "stderr": stderr[-2000:]})
         if proc.returncode != 0 and not self.stop_event.is_set():
-            raise RuntimeError(f"{self.kind} port {self.spec.port} exited {proc.returncode}: "
+            raise RuntimeError(f"{self.kind} port {self.port} exited {proc.returncode}: "
                                f"{stderr.strip()[-300:]}")
+
+    @property
+    def port(self) -> int:
+        return self.spec.port
 
 
 class AppWriter(_AppChild):
@@ -88,3 +103,21 @@ class AppSink(_AppChild):
 
     def deadline_ns(self) -> int:
         return self.spec.stop_ns
+
+
+class BulkSender(_AppChild):
+    kind = "bulk_sender"
+
+    @property
+    def port(self) -> int:
+        return self.spec.flows[0].port    # its name: the first flow's port (ports are unique in a run)
+
+    @property
+    def out_name(self) -> str:
+        return f"bulk-send-{self.port}.json"
+
+    def argv(self) -> list[str]:
+        return bulk_argv(self.spec, self.run_dir / self.out_name)
+
+    def deadline_ns(self) -> int:
+        return max(f.end_ns for f in self.spec.flows)

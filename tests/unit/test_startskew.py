@@ -1,5 +1,6 @@
-"""M-STARTSKEW (first data packet) from a real capture (tests/fixtures/sockets/README.md: tcpdump on lo around one iperf3 run),
-folded chunk by chunk as the writer streams it; and the capture check's reading of a flow's two ends."""
+"""M-STARTSKEW (the first data packet) from a real capture (tests/fixtures/sockets/README.md: tcpdump on lo
+around one iperf3 run), folded chunk by chunk as the writer streams it; and the capture check's reading of a
+flow's two ends."""
 from __future__ import annotations
 
 from pathlib import Path
