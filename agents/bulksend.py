@@ -15,13 +15,15 @@ sleeps until one has room, so one thread keeps every socket backlogged (2-core x
 on loopback take 3-4 GB/s together from this loop, far above any emulated bottleneck). The process drops to
 SCHED_OTHER after the release: a backlogged sender at real-time priority would starve the host's other work.
 
-A flow ends at its end time (what is still queued in the socket is delivered after close, as iperf3's) or
-once its `bytes` are accepted (the log then says when the last byte was: its sink's log says when that byte
-was read, the flow's completion). Every loop is bounded by the flows' end times.
+A flow ends at its end time or once its `bytes` are accepted (the log then says when the last byte was: its
+sink's log says when that byte was read, the flow's completion); the socket is then shut down for writing
+and the sender waits until the sink has read everything and closed, so the flow's packets are over when the
+task is (as an iperf3 client's after its result exchange). Every loop is bounded by the flows' end times
+and DRAIN_NS after the last.
 
 Log (one JSON object, written at the end, LOG_FORMAT): per flow its local port, when it connected, when its
 first send() began and returned and how much it took, the bytes accepted, when the last byte was accepted
-(byte-limited flows), when it ended and any error.
+(byte-limited flows), when it stopped sending, when its sink closed and any error.
 """
 from __future__ import annotations
 
@@ -40,6 +42,8 @@ from agents.appwriter import connect, realtime_priority, wait_until
 LOG_FORMAT = "tcplab-bulk-log 1"
 SEND_BYTES = 1 << 20          # one send() asks for this much; a non-blocking socket takes what fits
 CONNECT_GRACE_NS = 2_000_000_000   # connecting may run this long past the start instant (then it is late)
+DRAIN_NS = 1_500_000_000   # after the last end, wait this long at most for the sinks to read everything
+                           # (the engine's bound on the passive tasks after the flows, bind.TAIL_NS)
 
 
 @dataclass
@@ -61,7 +65,8 @@ class BulkFlow:
     first_accepted: int = 0
     sent: int = 0
     last_byte_ns: int | None = None   # a byte-limited flow: when send() took its last byte
-    ended_ns: int = 0
+    ended_ns: int = 0         # its last send() (then shutdown: FIN after what is queued)
+    closed_ns: int = 0        # its sink closed (read everything), or the drain bound passed
     error: str = ""
     sock: socket.socket | None = field(default=None, repr=False)
 
@@ -121,35 +126,58 @@ def release(flows: list[BulkFlow], payload: memoryview) -> list[BulkFlow]:
     return active
 
 
-def finish(flow: BulkFlow, now_ns: int) -> None:
+def stop_sending(flow: BulkFlow, now_ns: int) -> None:
+    """The flow's last send is made: FIN after what is queued (shutdown), the socket stays open to drain."""
     flow.ended_ns = now_ns
-    flow.sock.setblocking(True)
-    flow.sock.close()     # the kernel still delivers what is queued, then sends FIN
+    try:
+        flow.sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
 
 
-def keep_backlogged(active: list[BulkFlow], payload: memoryview) -> None:
-    """Send on whichever socket has room until each flow's end time or its byte count (bounded by the last
-    end time: poll never waits past the next end)."""
+def close(flow: BulkFlow, now_ns: int) -> None:
+    flow.closed_ns = now_ns
+    flow.sock.close()
+
+
+def keep_backlogged(flows: list[BulkFlow], payload: memoryview, drain_until_ns: int) -> None:
+    """Send on whichever socket has room until each flow's end time or its byte count, then wait for its sink
+    to close (it read everything: the packets of the flow are over, as after iperf3's result exchange, before
+    the engine stops the captures). Flows already ended (ended_ns set) only drain. Bounded: poll never waits
+    past the next end, and nothing waits past drain_until_ns."""
     poller = select.poll()
-    by_fd = {f.sock.fileno(): f for f in active}
-    for fd in by_fd:
+    sending = {f.sock.fileno(): f for f in flows if not f.ended_ns}
+    draining = {f.sock.fileno(): f for f in flows if f.ended_ns}
+    for fd in sending:
         poller.register(fd, select.POLLOUT)
-    while by_fd:
+    for fd in draining:
+        poller.register(fd, select.POLLIN)
+
+    def drain(fd: int, now: int) -> None:
+        stop_sending(sending[fd], now)
+        draining[fd] = sending.pop(fd)
+        poller.modify(fd, select.POLLIN)
+
+    while (sending or draining) and time.time_ns() < drain_until_ns:
         now = time.time_ns()
-        for fd, f in list(by_fd.items()):
-            if now >= f.end_ns:
+        for fd in [fd for fd, f in sending.items() if now >= f.end_ns]:
+            drain(fd, now)
+        wait_ns = min([f.end_ns for f in sending.values()] + [drain_until_ns]) - now
+        for fd, events in poller.poll(max(0, -(-wait_ns // 1_000_000))):
+            if fd in draining:            # readable: the sink closed (EOF), or the connection failed
                 poller.unregister(fd)
-                finish(by_fd.pop(fd), now)
-        if not by_fd:
-            break
-        wait_ms = max(0, -(-(min(f.end_ns for f in by_fd.values()) - now) // 1_000_000))
-        for fd, events in poller.poll(wait_ms):
-            f = by_fd[fd]
+                close(draining.pop(fd), time.time_ns())
+                continue
+            f = sending[fd]
             if events & (select.POLLERR | select.POLLHUP):
                 f.error = f.error or f"connection closed after {f.sent} bytes"
             if f.error or not send_some(f, payload):
-                poller.unregister(fd)
-                finish(by_fd.pop(fd), time.time_ns())
+                drain(fd, time.time_ns())
+    now = time.time_ns()
+    for f in [*sending.values(), *draining.values()]:   # past the drain bound: give up waiting
+        if not f.ended_ns:
+            stop_sending(f, now)
+        close(f, now)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -168,12 +196,12 @@ def run(args: argparse.Namespace) -> int:
     active = release(flows, payload)
     for f in flows:
         if f not in active:
-            finish(f, time.time_ns())
+            stop_sending(f, time.time_ns())
     try:
         os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))   # the release was the timed part
     except (OSError, AttributeError):
         pass
-    keep_backlogged(active, payload)
+    keep_backlogged(flows, payload, max(f.end_ns for f in flows) + DRAIN_NS)
     log = {"format": LOG_FORMAT, "role": "bulk-sender", "sched": sched, "connect_ns": args.connect_ns,
            "first_ns": args.first_ns, "woke_ns": woke_ns, "flows": [f.log() for f in flows]}
     args.out.write_text(json.dumps(log, sort_keys=True) + "\n")

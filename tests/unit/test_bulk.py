@@ -116,6 +116,8 @@ def test_the_senders_log_and_what_the_sinks_read() -> None:
     assert 0 < min(first) and max(first) < 1_000_000        # released together, within a millisecond
     assert flows[7303]["sent"] == 200_000 and flows[7303]["last_byte_ns"] is not None
     assert flows[7301]["last_byte_ns"] is None and flows[7301]["error"] == ""
+    # each socket stayed open after its last send until its sink had read everything and closed
+    assert all(f["first_send_ns"] < f["ended_ns"] < f["closed_ns"] for f in flows.values())
     reads = parse_read_log((FIX / "sink-7303.bin").read_bytes()).rows
     assert reads["end"][-1] == 200_000
     (short,) = expand(load_plan_text(PLAN.replace("EXTRA", ", bytes: 200000B"), "together.yaml"))[0].flows[:1]
@@ -191,5 +193,7 @@ def test_the_sender_releases_its_flows_together_and_stops_at_the_byte_count_and_
     for p in ports[:2]:
         assert log[p]["last_byte_ns"] is None and log[p]["sent"] > 100_000 and log[p]["error"] == ""
         assert end <= log[p]["ended_ns"] < end + 50_000_000
-    for p in ports:        # every byte accepted was read
-        assert parse_read_log((tmp_path / f"sink-{p}.bin").read_bytes()).rows["end"][-1] == log[p]["sent"]
+    for p in ports:        # every byte accepted was read, and the sender waited for that before it closed
+        reads = parse_read_log((tmp_path / f"sink-{p}.bin").read_bytes()).rows
+        assert reads["end"][-1] == log[p]["sent"]
+        assert log[p]["ended_ns"] <= log[p]["closed_ns"] and reads["t_ns"][-1] <= log[p]["closed_ns"]
