@@ -6,14 +6,16 @@ Why: an iperf3 flow starts when its client process has started, made its control
 parameters and connected its data stream, milliseconds after the flow's start time (far more in an emulated
 host). Here every connection is made before T0 (once the captures run, so they see the handshakes) and the
 flows are released at the start instant: the process sleeps until SPIN_NS before it, spins the rest (at
-SCHED_FIFO when allowed), then makes the first send() of every socket back to back, microseconds apart.
+SCHED_FIFO when allowed), then makes the first send() of every socket back to back (the first takes 0.1-0.15
+ms, each next one 0.01-0.03 ms).
 
-Why one thread polling non-blocking sockets and not a thread per socket: the release is then one loop over
-ready sockets, with no thread wake-ups between the first sends (threads each wake on their own and take the
-GIL in turn); after the release a send() of SEND_BYTES to a full socket returns EAGAIN at once and poll()
-sleeps until one has room, so one thread keeps every socket backlogged (2-core x86-64, Debian 12: 4 sockets
-on loopback take 3-4 GB/s together from this loop, far above any emulated bottleneck). The process drops to
-SCHED_OTHER after the release: a backlogged sender at real-time priority would starve the host's other work.
+Why one thread polling non-blocking sockets and not a thread per socket: measured (2-core x86-64, Debian 12,
+4 sockets on a loopback, 5 trials) the first sends of this loop came 118-232 us apart from first to last,
+those of 4 threads each waking at the instant 209-785 us apart (the threads wake one by one and take the GIL
+in turn). After the release a send() of SEND_BYTES to a full socket returns EAGAIN at once and poll() sleeps
+until one has room, so one thread keeps every socket backlogged (two backlogged sockets on a loopback took
+5.9 GB/s together from this loop, far above any emulated bottleneck). The process drops to SCHED_OTHER after
+the release: a backlogged sender at real-time priority would starve the host's other work.
 
 A flow ends at its end time or once its `bytes` are accepted (the log then says when the last byte was: its
 sink's log says when that byte was read, the flow's completion); the socket is then shut down for writing
