@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from agents.bulksend import flow_arg
+from agents.bulksend import DRAIN_NS, flow_arg
 from agents.children import spawn
 from agents.taskbase import TaskRunner
 from schemas import limits, procs
@@ -48,13 +48,28 @@ def bulk_argv(spec, out: Path) -> list[str]:
 
 
 class _AppChild(TaskRunner):
-    artifact_kind = ""
+    """One child process; its log (the artifact) is `log_name` with the task's port, its argv `build_argv`."""
 
-    def argv(self) -> list[str]:
+    artifact_kind = ""
+    log_name = ""
+
+    @staticmethod
+    def build_argv(spec, out: Path) -> list[str]:
         raise NotImplementedError
 
     def deadline_ns(self) -> int:
         raise NotImplementedError
+
+    @property
+    def port(self) -> int:
+        return self.spec.port
+
+    @property
+    def out_name(self) -> str:
+        return self.log_name.format(port=self.port)
+
+    def argv(self) -> list[str]:
+        return self.build_argv(self.spec, self.run_dir / self.out_name)
 
     async def execute(self) -> None:
         env = {**os.environ, "PYTHONPATH": PACKAGE_ROOT, "PYTHONDONTWRITEBYTECODE": "1"}
@@ -72,52 +87,27 @@ class _AppChild(TaskRunner):
             raise RuntimeError(f"{self.kind} port {self.port} exited {proc.returncode}: "
                                f"{stderr.strip()[-300:]}")
 
-    @property
-    def port(self) -> int:
-        return self.spec.port
-
 
 class AppWriter(_AppChild):
-    kind = "app_writer"
-
-    @property
-    def out_name(self) -> str:
-        return f"app-writer-{self.spec.port}.bin"
-
-    def argv(self) -> list[str]:
-        return writer_argv(self.spec, self.run_dir / self.out_name)
+    kind, log_name, build_argv = "app_writer", "app-writer-{port}.bin", staticmethod(writer_argv)
 
     def deadline_ns(self) -> int:
         return self.spec.end_ns
 
 
 class AppSink(_AppChild):
-    kind = "app_sink"
-
-    @property
-    def out_name(self) -> str:
-        return f"app-sink-{self.spec.port}.bin"
-
-    def argv(self) -> list[str]:
-        return sink_argv(self.spec, self.run_dir / self.out_name)
+    kind, log_name, build_argv = "app_sink", "app-sink-{port}.bin", staticmethod(sink_argv)
 
     def deadline_ns(self) -> int:
         return self.spec.stop_ns
 
 
 class BulkSender(_AppChild):
-    kind = "bulk_sender"
+    kind, log_name, build_argv = "bulk_sender", "bulk-send-{port}.json", staticmethod(bulk_argv)
 
     @property
     def port(self) -> int:
         return self.spec.flows[0].port    # its name: the first flow's port (ports are unique in a run)
 
-    @property
-    def out_name(self) -> str:
-        return f"bulk-send-{self.port}.json"
-
-    def argv(self) -> list[str]:
-        return bulk_argv(self.spec, self.run_dir / self.out_name)
-
     def deadline_ns(self) -> int:
-        return max(f.end_ns for f in self.spec.flows)
+        return max(f.end_ns for f in self.spec.flows) + DRAIN_NS   # it waits for its sinks to read all

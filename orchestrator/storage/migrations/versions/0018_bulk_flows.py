@@ -23,9 +23,8 @@ FLOW_COLUMNS = (("sink_bytes", sa.BigInteger), ("sink_goodput_bps", sa.Float), (
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("flow") as batch:
-        for name, kind in FLOW_COLUMNS:
-            batch.add_column(sa.Column(name, kind, nullable=True))
+    for name, kind in FLOW_COLUMNS:   # nullable columns: a plain ADD COLUMN on both backends
+        op.add_column("flow", sa.Column(name, kind, nullable=True))
 
 
 def downgrade() -> None:
