@@ -1,6 +1,8 @@
-"""The app-limited (thin-stream) flow's tasks: the writer on the sender, the sink on the receiver.
+"""The app-limited (thin-stream) flow's tasks: the writer on the sender, the sink on the receiver; and the bulk
+sender of `bulk` flows (their receivers are the same sinks).
 
-Each is one child process, `python -m agents.appwriter` (agents/appwriter.py), started with the agent's
+Each is one child process, `python -m agents.appwriter` (agents/appwriter.py) or `python -m agents.bulksend`
+(agents/bulksend.py), started with the agent's
 own interpreter and package path, tied to the agent's life (agents/children.py) and stopped by pid. The
 child writes its log itself (the artifact); its stderr says why it failed.
 """
@@ -12,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from agents.bulksend import DRAIN_NS, flow_arg
 from agents.children import spawn
 from agents.taskbase import TaskRunner
 from schemas import limits, procs
@@ -19,6 +22,7 @@ from schemas import limits, procs
 PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)   # holds agents/: the child imports agents.appwriter
 # -S: no site module (the child needs the standard library only; site-packages' .pth hooks cost startup time)
 CHILD = [sys.executable, "-S", "-m", "agents.appwriter"]
+BULK_CHILD = [sys.executable, "-S", "-m", "agents.bulksend"]
 EXIT_GRACE_S = 30.0   # after its last write the writer only closes; the sink only waits for EOF
 
 
@@ -36,14 +40,36 @@ def sink_argv(spec, out: Path) -> list[str]:
     return [*CHILD, "sink", "--port", str(spec.port), "--end-ns", str(spec.stop_ns), "--out", str(out)]
 
 
-class _AppChild(TaskRunner):
-    artifact_kind = ""
+def bulk_argv(spec, out: Path) -> list[str]:
+    """argv of the bulk sender child (pure): one --flow item per flow."""
+    flows = [a for f in spec.flows for a in ("--flow", flow_arg(f))]
+    return [*BULK_CHILD, *flows, "--connect-ns", str(spec.connect_ns), "--first-ns", str(spec.first_ns),
+            "--out", str(out)]
 
-    def argv(self) -> list[str]:
+
+class _AppChild(TaskRunner):
+    """One child process; its log (the artifact) is `log_name` with the task's port, its argv `build_argv`."""
+
+    artifact_kind = ""
+    log_name = ""
+
+    @staticmethod
+    def build_argv(spec, out: Path) -> list[str]:
         raise NotImplementedError
 
     def deadline_ns(self) -> int:
         raise NotImplementedError
+
+    @property
+    def port(self) -> int:
+        return self.spec.port
+
+    @property
+    def out_name(self) -> str:
+        return self.log_name.format(port=self.port)
+
+    def argv(self) -> list[str]:
+        return self.build_argv(self.spec, self.run_dir / self.out_name)
 
     async def execute(self) -> None:
         env = {**os.environ, "PYTHONPATH": PACKAGE_ROOT, "PYTHONDONTWRITEBYTECODE": "1"}
@@ -58,33 +84,30 @@ class _AppChild(TaskRunner):
         stderr = (await proc.stderr.read()).decode(errors="replace") if proc.stderr else ""
         self.meta.update({"returncode": proc.returncode, "stderr": stderr[-2000:]})
         if proc.returncode != 0 and not self.stop_event.is_set():
-            raise RuntimeError(f"{self.kind} port {self.spec.port} exited {proc.returncode}: "
+            raise RuntimeError(f"{self.kind} port {self.port} exited {proc.returncode}: "
                                f"{stderr.strip()[-300:]}")
 
 
 class AppWriter(_AppChild):
-    kind = "app_writer"
-
-    @property
-    def out_name(self) -> str:
-        return f"app-writer-{self.spec.port}.bin"
-
-    def argv(self) -> list[str]:
-        return writer_argv(self.spec, self.run_dir / self.out_name)
+    kind, log_name, build_argv = "app_writer", "app-writer-{port}.bin", staticmethod(writer_argv)
 
     def deadline_ns(self) -> int:
         return self.spec.end_ns
 
 
 class AppSink(_AppChild):
-    kind = "app_sink"
-
-    @property
-    def out_name(self) -> str:
-        return f"app-sink-{self.spec.port}.bin"
-
-    def argv(self) -> list[str]:
-        return sink_argv(self.spec, self.run_dir / self.out_name)
+    kind, log_name, build_argv = "app_sink", "app-sink-{port}.bin", staticmethod(sink_argv)
 
     def deadline_ns(self) -> int:
         return self.spec.stop_ns
+
+
+class BulkSender(_AppChild):
+    kind, log_name, build_argv = "bulk_sender", "bulk-send-{port}.json", staticmethod(bulk_argv)
+
+    @property
+    def port(self) -> int:
+        return self.spec.flows[0].port    # its name: the first flow's port (ports are unique in a run)
+
+    def deadline_ns(self) -> int:
+        return max(f.end_ns for f in self.spec.flows) + DRAIN_NS   # it waits for its sinks to read all

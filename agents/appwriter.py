@@ -78,20 +78,22 @@ def _header(out, meta: dict) -> None:
     out.flush()
 
 
-def connect(args: argparse.Namespace, deadline_ns: int) -> socket.socket:
+def connect(dst: str, port: int, cc: str, nodelay: bool, deadline_ns: int, who: str = "appwriter") -> socket.socket:
+    """A TCP connection to a sink, with congestion control `cc` (TCP_CONGESTION) and TCP_NODELAY as asked,
+    retried while the sink is not listening yet, until deadline_ns."""
     last: OSError | None = None
     while time.time_ns() < deadline_ns:
-        s = socket.socket(socket.AF_INET6 if ":" in args.dst else socket.AF_INET, socket.SOCK_STREAM)
-        s.setsockopt(socket.IPPROTO_TCP, TCP_CONGESTION, args.cc.encode())
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1 if args.nodelay else 0)
+        s = socket.socket(socket.AF_INET6 if ":" in dst else socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.IPPROTO_TCP, TCP_CONGESTION, cc.encode())
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1 if nodelay else 0)
         try:
-            s.connect((args.dst, args.port))
+            s.connect((dst, port))
             return s
         except (ConnectionRefusedError, TimeoutError) as exc:   # the sink is not listening yet
             last = exc
             s.close()
             time.sleep(CONNECT_RETRY_S)
-    raise SystemExit(f"appwriter: cannot connect to {args.dst} port {args.port}: {last}")
+    raise SystemExit(f"{who}: cannot connect to {dst} port {port}: {last}")
 
 
 def realtime_priority() -> str:
@@ -108,7 +110,7 @@ def realtime_priority() -> str:
 def run_writer(args: argparse.Namespace) -> int:
     sched = realtime_priority()
     wait_until(args.connect_ns, 0)
-    sock = connect(args, args.first_ns + 2_000_000_000)
+    sock = connect(args.dst, args.port, args.cc, args.nodelay, args.first_ns + 2_000_000_000)
     sock.setblocking(False)
     payload = b"x" * args.size
     meta = {"role": "writer", "local_port": sock.getsockname()[1], "dst": args.dst, "port": args.port,

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agents.appflows import AppSink, AppWriter
+from agents.appflows import AppSink, AppWriter, BulkSender
 from agents.children import spawn
 from agents.events import EventRunner
 from agents.ktrace import KernelTrace
@@ -196,7 +196,7 @@ RUNNERS: dict[str, type[TaskRunner]] = {
     "tcp_probe": TcpProbe, "qdisc_stats": QdiscStats, "ss_sample": SsSample, "cpu_load": CpuLoad,
     "kernel_trace": KernelTrace,
     "event": EventRunner,
-    "app_writer": AppWriter, "app_sink": AppSink,
+    "app_writer": AppWriter, "app_sink": AppSink, "bulk_sender": BulkSender,
 }
 
 

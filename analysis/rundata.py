@@ -53,7 +53,7 @@ class FlowInfo:
     cc: str
     start_s: float
     duration_s: float
-    start_skew_ns: int | None = None      # M-STARTSKEW: first SYN - scheduled start (NULL: not measured)
+    start_skew_ns: int | None = None      # M-STARTSKEW: first data packet - scheduled start (NULL: not measured)
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ class FlowResult:
     alpha: m.AlphaSummary | None         # None: no ss samples with a DCTCP alpha
     convergence_s: float                 # NaN: not reached (censored) or not computable
     convergence_rtts: float
-    start_skew_ns: int | None = None     # M-STARTSKEW (None: no capture saw the flow's SYN)
+    start_skew_ns: int | None = None     # M-STARTSKEW (None: no capture saw the flow's data)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +36,7 @@ import sqlalchemy as sa  # noqa: E402
 
 from bench.capture_check import flow_ends  # noqa: E402
 from orchestrator.engine.runner import RunEngine, RunOutcome  # noqa: E402
-from orchestrator.inventory import load_inventory  # noqa: E402
+from orchestrator.inventory import Inventory, load_inventory  # noqa: E402
 from orchestrator.lab import netns  # noqa: E402
 from orchestrator.plan import expand, load_plan  # noqa: E402
 from orchestrator.storage import tables as T  # noqa: E402
@@ -45,6 +47,21 @@ PLAN = ROOT / "experiments" / "quickstart.yaml"
 
 def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+@contextmanager
+def own_netns_lab(default_prefix: str, tmp_prefix: str) -> Iterator[tuple[Inventory, Path]]:
+    """A netns lab of the benchmark's own (prefix: TCPLAB_TEST_PREFIX, else default_prefix) and a temporary
+    directory for its databases and results; the lab is taken down on the way out."""
+    prefix = os.environ.get("TCPLAB_TEST_PREFIX", default_prefix)
+    with tempfile.TemporaryDirectory(prefix=tmp_prefix) as tmp:
+        state = Path(tmp) / "lab"
+        print(f"netns lab {prefix}: up (load {load()}, {os.cpu_count()} CPUs)", flush=True)
+        netns.up(state, prefix)
+        try:
+            yield load_inventory(netns.inventory_path(state)), Path(tmp)
+        finally:
+            netns.down(state, prefix)
 
 
 def capture_counts(results: Path, run_id: str) -> list[tuple[str, int, int]]:
@@ -115,28 +132,22 @@ def main() -> int:
     ap.add_argument("--no-reference", action="store_true")
     ap.add_argument("--reference-first", action="store_true")
     args = ap.parse_args()
-    prefix = os.environ.get("TCPLAB_TEST_PREFIX", "tlbench")
     specs = expand(load_plan(PLAN))[: args.runs]
-    with tempfile.TemporaryDirectory(prefix="tcplab-overhead-") as tmp:
-        state = Path(tmp) / "lab"
-        print(f"netns lab {prefix}: up (load {load()}, {os.cpu_count()} CPUs)", flush=True)
-        netns.up(state, prefix)
+    with own_netns_lab("tlbench", "tcplab-overhead-") as (inv, tmp):
+        modes = [("measured", "0"), ("reference (fixed margins, serial ingest)", "1")]
+        if args.no_reference:
+            modes = modes[:1]
+        elif args.reference_first:
+            modes.reverse()
+        figures = {}
         try:
-            inv = load_inventory(netns.inventory_path(state))
-            modes = [("measured", "0"), ("reference (fixed margins, serial ingest)", "1")]
-            if args.no_reference:
-                modes = modes[:1]
-            elif args.reference_first:
-                modes.reverse()
-            figures = {}
             for label, fixed in modes:
                 os.environ["TCPLAB_FIXED_MARGINS"] = fixed
                 db = open_db(f"sqlite:///{tmp}/{fixed}.db")
-                outcomes = asyncio.run(campaign(inv, db, Path(tmp) / f"results-{fixed}", specs, label))
+                outcomes = asyncio.run(campaign(inv, db, tmp / f"results-{fixed}", specs, label))
                 figures[fixed] = summary(label, outcomes, skews(db, [o.run_id for o in outcomes]))
         finally:
             os.environ.pop("TCPLAB_FIXED_MARGINS", None)
-            netns.down(state, prefix)
     new, skew99 = figures["0"]
     ref = figures.get("1", (float("nan"), float("nan")))[0]
     print(f"load average at the end: {load()}")

@@ -21,3 +21,5 @@ MAX_PORTS_PER_SAMPLER = 112
 MAX_APP_WRITES = 4_000_000
 MIN_APP_WRITE_INTERVAL_NS = 100_000
 MAX_APP_WRITE_BYTES = 1 << 20
+# bulk sender: the flows one sender process holds (the flows of one host that start at one instant)
+MAX_BULK_FLOWS = 1024

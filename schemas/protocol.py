@@ -22,6 +22,8 @@ from schemas.message import Msg as _Msg
 from schemas.tasks import (  # noqa: F401 - the task kinds are part of the protocol (protocol.CaptureTask, ...)
     AppSinkTask,
     AppWriterTask,
+    BulkFlow,
+    BulkSenderTask,
     CaptureTask,
     CpuLoadTask,
     EventTask,

@@ -12,7 +12,8 @@ from schemas.identifiers import TASK_ID_PATTERN
 from schemas.message import Msg as _Msg
 from schemas.strings import InterfaceName, IPAddress
 
-__all__ = ["AppSinkTask", "AppWriterTask", "CaptureTask", "CpuLoadTask", "EventTask", "Iperf3ClientTask",
+__all__ = ["AppSinkTask", "AppWriterTask", "BulkFlow", "BulkSenderTask",
+           "CaptureTask", "CpuLoadTask", "EventTask", "Iperf3ClientTask",
            "Iperf3ServerTask", "KernelTraceTask", "QdiscStatsTask", "SsSampleTask", "Task", "TcpProbeTask"]
 
 
@@ -153,8 +154,40 @@ class AppSinkTask(_TaskBase):
     stop_ns: int
 
 
+class BulkFlow(_Msg):
+    """One flow of a bulk sender: to the app sink on `dst_addr`:`port`, until end_ns or `bytes`."""
+
+    port: int = Field(ge=1024, le=65535)
+    dst_addr: IPAddress = Field(description="the sink's address")
+    cc: str = Field(pattern=r"^[a-z0-9_]{1,32}$")
+    nodelay: bool = Field(default=False, description="TCP_NODELAY")
+    bytes: int | None = Field(default=None, gt=0, description="stop once this many bytes are accepted")
+    end_ns: int = Field(description="absolute CLOCK_REALTIME: no send at or after this instant")
+
+
+class BulkSenderTask(_TaskBase):
+    """The `bulk` flows of one host that start at one instant (agents/bulksend.py): one process connects them
+    all at connect_ns (before T0), releases them together at first_ns and keeps them backlogged."""
+
+    kind: Literal["bulk_sender"] = "bulk_sender"
+    flows: list[BulkFlow] = Field(min_length=1, max_length=limits.MAX_BULK_FLOWS)
+    connect_ns: int = Field(description="absolute CLOCK_REALTIME to connect at (after the captures started)")
+    first_ns: int = Field(description="absolute CLOCK_REALTIME of the release: every flow's first send()")
+
+    @model_validator(mode="after")
+    def _bounded(self) -> BulkSenderTask:
+        if not all(self.start_ns <= self.connect_ns <= self.first_ns < f.end_ns for f in self.flows):
+            raise ValueError("needs start_ns <= connect_ns <= first_ns < every flow's end_ns")
+        if max(f.end_ns for f in self.flows) - self.first_ns > limits.MAX_RUN_SECONDS * 10**9:
+            raise ValueError(f"sends for longer than {limits.MAX_RUN_SECONDS} s")
+        ports = [f.port for f in self.flows]
+        if len(set(ports)) != len(ports):
+            raise ValueError("two flows of one sender go to the same port")
+        return self
+
+
 Task = Annotated[
     Iperf3ServerTask | Iperf3ClientTask | CaptureTask | TcpProbeTask | QdiscStatsTask | SsSampleTask
-    | CpuLoadTask | KernelTraceTask | EventTask | AppWriterTask | AppSinkTask,
+    | CpuLoadTask | KernelTraceTask | EventTask | AppWriterTask | AppSinkTask | BulkSenderTask,
     Field(discriminator="kind"),
 ]

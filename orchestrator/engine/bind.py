@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.engine import ack_policy
-from orchestrator.engine.appbind import app_flow_tasks
+from orchestrator.engine.appbind import CHILD_TOOLS, app_flow_tasks, bulk_tasks
 from orchestrator.engine.event_tasks import event_tasks
 from orchestrator.engine.ktrace import kernel_trace_task
 from orchestrator.guards.cpu import kernel_groups
@@ -93,14 +93,14 @@ def passive_processes(spec: RunSpec) -> int:
     receives, a tcpdump per capture on it."""
     count: dict[str, int] = {}
     for f in spec.flows:
-        if f.tool != "app_limited":
+        if f.tool not in CHILD_TOOLS:
             count[f.dst] = count.get(f.dst, 0) + 1
     for cp in spec.captures:
         count[cp.link.host] = count.get(cp.link.host, 0) + 1
     return max(count.values(), default=0)
 
 
-FLOW_TASK_KINDS = ("iperf3_client", "app_writer")
+FLOW_TASK_KINDS = ("iperf3_client", "app_writer", "bulk_sender")
 
 
 def flow_task_ids(tasks: dict[str, list]) -> dict[str, list[str]]:
@@ -129,7 +129,12 @@ def schedule_tasks(spec: RunSpec, inv: Inventory, tl: Timeline,
     for role in kernel_groups(boot_ids or {r: "" for r in inv.hosts}):
         tasks[role].append(protocol.CpuLoadTask(task_id="cpu-load", start_ns=tl.start_ns, stop_ns=tl.stop_ns,
                                                 interval_ms=CPU_LOAD_INTERVAL_MS))
+    bulk = [f for f in spec.flows if f.tool == "bulk"]
+    for role, task in bulk_tasks(bulk, {f.dst: inv.hosts[f.dst].data_addr for f in bulk}, tl):
+        tasks[role].append(task)
     for f in spec.flows:
+        if f.tool == "bulk":
+            continue
         if f.tool == "app_limited":
             for role, task in app_flow_tasks(spec, f, inv.hosts[f.dst].data_addr, tl):
                 tasks[role].append(task)

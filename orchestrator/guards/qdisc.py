@@ -51,7 +51,7 @@ def qdisc_findings(spec: RunSpec, host: str, iface: str, samples: np.ndarray) ->
                             message=f"{d['kind']} {handle} on {iface} dropped {own} packets itself, above "
                                "the queue under test: drops outside the AQM (raise its limit)"))
     rate = spec.derived.bottleneck_rate_bit
-    bulk = any(f.tool == "iperf3" and not f.bytes for f in spec.flows)
+    bulk = any(f.tool in ("iperf3", "bulk") and not f.bytes for f in spec.flows)
     for handle, d in deltas.items():
         carried_bit = int(d["bytes"]) * 8
         if (d["kind"] == "htb" and bulk and rate and carried_bit >= DATA_SHARE_OF_RATE * rate * window_s

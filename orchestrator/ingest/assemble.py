@@ -21,6 +21,7 @@ import numpy as np
 
 from orchestrator.ingest import qdelay
 from orchestrator.ingest.appflows import app_write_rows, writer_port
+from orchestrator.ingest.bulkflows import bulk_flow_values, sender_logs, sender_port
 from orchestrator.ingest.cpu import CpuSamples, parse_cpu
 from orchestrator.ingest.events import parse_event_record
 from orchestrator.ingest.hosts import host_rows
@@ -156,8 +157,11 @@ def assemble(spec: RunSpec, record: RunRecord, run_dir: Path) -> RunIngest:
                 raise ArtifactError(f"{host}/{info['name']}: {exc}") from exc
     try:
         app_writes = app_write_rows(spec, run_dir, captures, clock_offsets(record))
+        bulk = bulk_flow_values(spec, run_dir, record.run.get("t0_ns"), clock_offsets(record))
+        sender_logs(run_dir, spec)   # a bulk sender's log the parser refuses fails the ingest here, named
     except ValueError as exc:   # names the host and file
         raise ArtifactError(str(exc)) from exc
+    flow_rows = [{**r, **bulk.get(r["flow_id"], {})} for r in flow_rows]
     conns = ConnRegistry()
     qd, pairs = paired_qdelay(spec, flow_rows, captures, conns)
     packets = [(c.label, PcapReader(c.path, c.point_id)) for c in captures]
@@ -188,11 +192,18 @@ def clock_offsets(record: RunRecord) -> dict[str, int]:
 
 def sender_ports(run_dir: Path, spec: RunSpec) -> dict[int, int | None]:
     """flow_id -> the sender's local port of the data stream, from the iperf3 client JSON (an app-limited
-    flow: its writer's log)."""
+    flow: its writer's log; a bulk flow: its sender's log)."""
     out: dict[int, int | None] = {}
+    try:
+        bulk = sender_logs(run_dir, spec)
+    except ValueError:   # assemble names the log the parser refuses
+        bulk = {}
     for f in spec.flows:
         if f.tool == "app_limited":
             out[f.flow_id] = writer_port(run_dir, f)
+            continue
+        if f.tool == "bulk":
+            out[f.flow_id] = sender_port(f, bulk)
             continue
         path = run_dir / f.src / f"iperf3-client-{f.port}.json"
         streams = parse_iperf3(path.read_text()).streams if path.exists() else ()

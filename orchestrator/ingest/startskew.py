@@ -1,12 +1,15 @@
 """M-STARTSKEW: when each flow really started against when it was scheduled, from the captures.
 
-A flow's measured start is the first SYN of its data connection (sender port -> receiver port, SYN without
-ACK) at the capture point nearest its sender: a capture on the sender itself, else one on the interface
-facing the sender, else the first point that saw the SYN. Its timestamp, in the capture host's clock, is
-brought to the manager's clock with the offsets the engine measured before the run
-(assemble.clock_offsets): skew = (syn_ts - offset[capture host]) - (T0 + start_s), T0 being in the manager's
-clock. The fold (`StartTally`) sees the packets chunk by chunk while the writer streams them, vectorised: no
-Python object per packet.
+A flow's measured start is its first data packet (payload > 0, sender port -> receiver port) at the capture
+point nearest its sender: a capture on the sender itself, else one on the interface facing the sender, else
+the first point that saw it. Not the SYN: a `bulk` flow connects before T0 and only its first data byte says
+when it started. Bytes a tool sends before its data are left out: iperf3 writes a 37-byte cookie on the data
+connection right after connecting, then waits for the test to start (PREAMBLE_BYTES); the first packet that
+carries a byte past that preamble (stream offset from the first payload packet seen) is the start. The
+timestamp, in the capture host's clock, is brought to the manager's clock with the offsets the engine
+measured before the run (assemble.clock_offsets): skew = (data_ts - offset[capture host]) - (T0 + start_s),
+T0 being in the manager's clock. The fold (`StartTally`) sees the packets chunk by chunk while the writer
+streams them, vectorised: no Python object per packet.
 """
 from __future__ import annotations
 
@@ -17,25 +20,36 @@ import numpy as np
 from orchestrator.plan import RunSpec
 from orchestrator.storage.records import PROTO_TCP
 
-SYN, ACK = 0x02, 0x10
+# bytes a tool writes on the data connection before the flow's data (iperf3: its cookie, COOKIE_SIZE)
+PREAMBLE_BYTES = {"iperf3": 37}
+SEQ_SPACE = 1 << 32
 
 
-def first_syns(chunk: np.ndarray, keys: np.ndarray) -> dict[int, int]:
-    """(src_port << 16 | dst_port) of `keys` -> the earliest ts_ns of a SYN (no ACK) with that port pair in
-    the chunk; keys absent from the chunk are left out. A key with dst_port only (src_port 0, the sender's
-    port unknown) matches any source port."""
+def first_data(chunk: np.ndarray, keys: np.ndarray, preamble: Mapping[int, int],
+               base: dict[int, int]) -> dict[int, int]:
+    """(src_port << 16 | dst_port) of `keys` -> the earliest ts_ns in the chunk of a data packet with that
+    port pair that carries a byte past the key's `preamble` bytes (0 if absent); keys absent are left out.
+    `base`: key -> the sequence number of the first payload packet seen so far (the stream's offset 0): read
+    and filled in, so a preamble split from its data across chunks is still skipped. A key with dst_port
+    only (src_port 0, the sender's port unknown) matches any source port."""
     if not chunk.size or not keys.size:
         return {}
-    flags = chunk["tcp_flags"].astype(np.int32)
-    syn = chunk[(chunk["proto"] == PROTO_TCP) & (flags & SYN != 0) & (flags & ACK == 0)]
-    if not syn.size:
+    data = chunk[(chunk["proto"] == PROTO_TCP) & (chunk["payload_len"] > 0)
+                 & np.isin(chunk["dst_port"], keys & 0xFFFF)]
+    if not data.size:
         return {}
-    full = syn["src_port"].astype(np.int64) << 16 | syn["dst_port"].astype(np.int64)
+    dport = data["dst_port"].astype(np.int64)
+    full = data["src_port"].astype(np.int64) << 16 | dport
     out: dict[int, int] = {}
     for key in keys.tolist():
-        m = (full == key) if key >> 16 else (syn["dst_port"].astype(np.int64) == key)
-        if m.any():
-            out[key] = int(syn["ts_ns"][m].min())
+        m = (full == key) if key >> 16 else (dport == key)
+        if not m.any():
+            continue
+        seq, ts, length = data["seq"][m].astype(np.int64), data["ts_ns"][m], data["payload_len"][m]
+        start = base.setdefault(key, int(seq[0]))
+        past = (seq - start) % SEQ_SPACE + length > preamble.get(key, 0)
+        if past.any():
+            out[key] = int(ts[past].min())
     return out
 
 
@@ -52,7 +66,7 @@ def flow_key(row: Mapping) -> int:
 def start_values(spec: RunSpec, flow_rows: list[dict], t0_ns: int | None, seen: Mapping[tuple[str, int], int],
                  point_hosts: Mapping[str, str], offsets: Mapping[str, int]) -> dict[int, dict]:
     """flow_id -> its flow columns: scheduled_start_ns, measured_start_ns, start_skew_ns, start_point (None
-    where unknown). `seen`: (capture point, flow key) -> first SYN ts_ns in that point's host clock."""
+    where unknown). `seen`: (capture point, flow key) -> first data ts_ns in that point's host clock."""
     out: dict[int, dict] = {}
     src_of = {f.flow_id: f.src for f in spec.flows}
     start_of = {f.flow_id: f.start_s for f in spec.flows}
@@ -80,10 +94,13 @@ class StartTally:
         self.spec, self.flow_rows, self.t0_ns = spec, flow_rows, t0_ns
         self.point_hosts, self.offsets = point_hosts, offsets
         self.keys = np.array(sorted({flow_key(r) for r in flow_rows}), dtype=np.int64)
+        tools = {f.flow_id: f.tool for f in spec.flows}
+        self.preamble = {flow_key(r): PREAMBLE_BYTES.get(tools.get(r["flow_id"], ""), 0) for r in flow_rows}
+        self.bases: dict[str, dict[int, int]] = {}
         self.seen: dict[tuple[str, int], int] = {}
 
     def observe(self, point: str, chunk: np.ndarray) -> None:
-        for key, ts in first_syns(chunk, self.keys).items():
+        for key, ts in first_data(chunk, self.keys, self.preamble, self.bases.setdefault(point, {})).items():
             if ts < self.seen.get((point, key), ts + 1):
                 self.seen[(point, key)] = ts
 

@@ -98,9 +98,14 @@ flow = Table(
     Column("tool", String(32), nullable=False),
     Column("ack_ratio", Float, nullable=True),             # M-ACKRATIO: data segments per pure ACK (G-ACK)
     Column("scheduled_start_ns", BigInteger, nullable=True),   # T0 + start_s (the manager's clock)
-    Column("measured_start_ns", BigInteger, nullable=True),    # the flow's first SYN, in the manager's clock
+    Column("measured_start_ns", BigInteger, nullable=True),    # the flow's first data packet, in the manager's clock
     Column("start_skew_ns", BigInteger, nullable=True),        # M-STARTSKEW: measured - scheduled
-    Column("start_point", String(128), nullable=True),         # the capture point the SYN was taken from
+    Column("start_point", String(128), nullable=True),         # the capture point the first data packet was taken from
+    # a `bulk` flow, from its sink's read log (orchestrator/ingest/bulkflows.py): bytes read, their goodput
+    # from the scheduled start, and a byte-limited flow's completion time (M-FCT from the scheduled start)
+    Column("sink_bytes", BigInteger, nullable=True),
+    Column("sink_goodput_bps", Float, nullable=True),
+    Column("fct_ns", BigInteger, nullable=True),
 )
 
 artifact = Table(

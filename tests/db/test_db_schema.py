@@ -10,7 +10,7 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from dbdata import plan_row
+from dbdata import make_run_ingest, plan_row
 from sqlalchemy import BigInteger, Column, Float, Integer, MetaData, SmallInteger, String, inspect, text
 
 from orchestrator.storage import records, tables
@@ -24,6 +24,7 @@ from orchestrator.storage.db import (
 )
 from orchestrator.storage.run_ingest import BULK_LAYOUTS, BulkLayout
 from orchestrator.storage.views import VIEWS
+from orchestrator.storage.writer import write_run
 from schemas.flag import Flag
 
 
@@ -39,7 +40,7 @@ def test_migrated_schema_equals_metadata(engine) -> None:
                                                                   compare_server_default=True))
         diff = compare_metadata(ctx, tables.metadata)
     assert diff == []
-    assert current_revision(engine) == head_revision() == "0017"
+    assert current_revision(engine) == head_revision() == "0018"
     names = set(inspect(engine).get_table_names())
     here = {t for t in tables.metadata.tables if tables.in_schema(t, engine.dialect.name)}
     assert names == here | {"alembic_version"}
@@ -259,3 +260,17 @@ def test_runs_stored_before_profiles_keep_their_rows_and_read_no_profile(engine)
         assert conn.execute(text("SELECT run_id FROM run")).scalar_one() == "r"
         command.upgrade(alembic_config(conn), "head")
         assert conn.execute(text("SELECT profile FROM run")).scalar_one() is None
+
+
+def test_migration_0018_takes_the_bulk_flow_columns_back_and_adds_them_again(engine) -> None:
+    write_run(engine, make_run_ingest("mg-0018", n_packets=50, seed=7))
+    with engine.begin() as conn:
+        command.downgrade(alembic_config(conn), "0017")
+    flow_columns = {c["name"] for c in inspect(engine).get_columns("flow")}
+    assert not flow_columns & {"sink_bytes", "sink_goodput_bps", "fct_ns"}
+    with engine.begin() as conn:
+        command.upgrade(alembic_config(conn), "head")
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT sink_bytes, sink_goodput_bps, fct_ns FROM flow "
+                                 "WHERE run_id = 'mg-0018'")).all()
+    assert rows and all(r == (None, None, None) for r in rows)     # existing flows: NULL

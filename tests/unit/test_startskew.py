@@ -1,5 +1,6 @@
-"""M-STARTSKEW from a real capture (tests/fixtures/sockets/README.md: tcpdump on lo around one iperf3 run),
-folded chunk by chunk as the writer streams it; and the capture check's reading of a flow's two ends."""
+"""M-STARTSKEW (the first data packet) from a real capture (tests/fixtures/sockets/README.md: tcpdump on lo
+around one iperf3 run), folded chunk by chunk as the writer streams it; and the capture check's reading of a
+flow's two ends."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,13 +10,16 @@ import pytest
 
 from bench.capture_check import closed, ends_of
 from orchestrator.ingest.pcap import PcapReader
-from orchestrator.ingest.startskew import StartTally, first_syns, point_rank
+from orchestrator.ingest.startskew import StartTally, first_data, point_rank
 from orchestrator.plan import expand, load_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 PCAP = ROOT / "tests" / "fixtures" / "ingest" / "startskew_lo.pcap"
 T0 = int((ROOT / "tests" / "fixtures" / "ingest" / "startskew_lo.t0_ns").read_text())
-CONTROL_SYN, DATA_SYN = 1795710090898622591, 1795710090898899462   # tcpdump -tt --time-stamp-precision nano
+# tcpdump -r startskew_lo.pcap -tt --time-stamp-precision nano: the data connection's SYN, its 37-byte iperf3
+# cookie, its first packet of data (seq 38:32806); the control connection's first payload (its cookie)
+DATA_SYN, DATA_COOKIE, DATA_FIRST = 1795710090898899462, 1795710090898929487, 1795710090899983813
+CONTROL_COOKIE = 1795710090898728218
 
 
 @pytest.fixture(scope="module")
@@ -27,11 +31,23 @@ def packets() -> np.ndarray:
     return np.concatenate(list(PcapReader(PCAP, 0)))
 
 
-def test_first_syn_of_the_data_connection_and_of_any_connection_to_the_port():
+def test_first_data_past_the_preamble_of_the_data_connection_and_of_any_connection_to_the_port():
     pk = packets()
     data, any_port = (57228 << 16) | 5299, 5299
-    assert first_syns(pk, np.array([data, any_port])) == {data: DATA_SYN, any_port: CONTROL_SYN}
-    assert first_syns(pk[:0], np.array([data])) == {}
+    assert first_data(pk, np.array([data, any_port]), {data: 37}, {}) == {data: DATA_FIRST, any_port: CONTROL_COOKIE}
+    assert first_data(pk, np.array([data]), {}, {}) == {data: DATA_COOKIE}   # no preamble: the cookie is data
+    assert first_data(pk[:0], np.array([data]), {data: 37}, {}) == {}
+    assert DATA_SYN < DATA_COOKIE < DATA_FIRST
+
+
+def test_a_preamble_in_one_chunk_and_its_data_in_the_next_is_still_skipped():
+    pk = packets()
+    data = np.array([(57228 << 16) | 5299])
+    cut = int(np.searchsorted(pk["ts_ns"], DATA_COOKIE + 1))    # the cookie is the last packet of the first chunk
+    base: dict[int, int] = {}
+    assert first_data(pk[:cut], data, {int(data[0]): 37}, base) == {}
+    assert base == {int(data[0]): 1701936262}                   # the ISN + 1: the cookie's first byte
+    assert first_data(pk[cut:], data, {int(data[0]): 37}, base) == {int(data[0]): DATA_FIRST}
 
 
 def test_the_fold_over_chunks_gives_the_skew_in_the_managers_clock(spec):
@@ -46,8 +62,9 @@ def test_the_fold_over_chunks_gives_the_skew_in_the_managers_clock(spec):
     # the sender is `server`: aqm's interface facing it beats a point on the receiver
     assert values["start_point"] == "aqm:to-server"
     assert values["scheduled_start_ns"] == T0
-    assert values["measured_start_ns"] == DATA_SYN - 2_000
-    assert values["start_skew_ns"] == DATA_SYN - 2_000 - T0
+    # an iperf3 flow: its first data packet after the cookie
+    assert values["measured_start_ns"] == DATA_FIRST - 2_000
+    assert values["start_skew_ns"] == DATA_FIRST - 2_000 - T0
     assert 0 < values["start_skew_ns"] < 50_000_000   # iperf3 started, connected, exchanged parameters
 
 

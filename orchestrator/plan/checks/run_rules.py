@@ -78,8 +78,8 @@ def _groups(t: RunTemplate, out: list[Problem]) -> None:
         for name in ("rate", "write_size", "write_interval"):
             if getattr(tr, name) is not None and name not in needs:
                 out.append(Problem(gp + (name,), f"`{name}` has no meaning for tool {tr.tool}"))
-        if tr.tool != "iperf3" and tr.bytes is not None:
-            out.append(Problem(gp + ("bytes",), "byte-limited flows need tool iperf3"))
+        if tr.tool not in ("iperf3", "bulk") and tr.bytes is not None:
+            out.append(Problem(gp + ("bytes",), "byte-limited flows need tool iperf3 or bulk"))
         out += app_limited_problems(gp, tr, t.duration.value)
 
 

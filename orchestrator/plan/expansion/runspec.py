@@ -83,7 +83,7 @@ class FlowSpec(_Strict):
     start_s: float = Field(ge=0, description="offset from T0")
     duration_s: float = Field(gt=0)
     port: int = Field(ge=1024, le=65535, description="receiver port; unique per flow in a run")
-    tool: Literal["iperf3", "udp", "app_limited"] = "iperf3"
+    tool: Literal["iperf3", "udp", "app_limited", "bulk"] = "iperf3"
     group: int = Field(default=0, ge=0, description="0 = the main traffic, k = background[k-1]")
     bytes: int | None = Field(default=None, gt=0, description="stop after this many bytes")
     rate_bit: int | None = Field(default=None, gt=0, description="sending rate (udp)")

@@ -1,4 +1,5 @@
-"""Flow groups of a run: bulk or byte-limited TCP (iperf3), UDP load, app-limited thin streams.
+"""Flow groups of a run: bulk or byte-limited TCP (iperf3, or tcplab's own `bulk` sender whose flows start
+together), UDP load, app-limited thin streams.
 
 A group is `flows` identical flows; flow i starts at start + i x stagger ("flow pace") and listens on
 base_port + i unless `per_flow` overrides it. Flow ids number the main group first, then `background`.
@@ -13,7 +14,7 @@ from orchestrator.plan.model.fields import Strict, _f
 from orchestrator.plan.model.names import CcName, RoleName
 from orchestrator.plan.model.quantities import PositiveSize, PositiveTime, Rate, Time
 
-Tool = Literal["iperf3", "udp", "app_limited"]
+Tool = Literal["iperf3", "udp", "app_limited", "bulk"]
 
 
 class FlowOverride(Strict):
@@ -36,7 +37,9 @@ class Traffic(Strict):
 
     tool: Tool = _f("iperf3", "`iperf3`: greedy or byte-limited TCP; `udp`: constant-rate UDP load "
                     "(iperf3 -u); `app_limited`: a writer that sends `write_size` every `write_interval` "
-                    "(thin streams, logs every write)", "iperf3")
+                    "(thin streams, logs every write); `bulk`: backlogged or byte-limited TCP from tcplab's own "
+                    "sender, connected before T0 and released at the flow's start (flows of one host that start "
+                    "together start within a fraction of a millisecond)", "iperf3")
     src: RoleName = _f(..., "sending role", "server")
     dst: RoleName = _f(..., "receiving role", "client")
     cc: CcName = _f(..., "congestion control of every flow (TCP_CONGESTION per socket; ignored for udp)",
