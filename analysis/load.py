@@ -84,7 +84,8 @@ def list_runs(conn: Connection, run_ids: Iterable[str] | None = None) -> list[Ru
 def load_flows(conn: Connection, run_id: str) -> list[FlowInfo]:
     f = T.flow
     stmt = sa.select(f.c.flow_id, f.c.src_host, f.c.dst_host, f.c.src_port, f.c.dst_port, f.c.cc,
-                     f.c.start_s, f.c.duration_s, f.c.start_skew_ns).where(f.c.run_id == run_id).order_by(f.c.flow_id)
+                     f.c.start_s, f.c.duration_s, f.c.start_skew_ns, f.c.tool
+                     ).where(f.c.run_id == run_id).order_by(f.c.flow_id)
     return [FlowInfo(**row._mapping) for row in conn.execute(stmt)]
 
 

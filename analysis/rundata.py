@@ -54,6 +54,7 @@ class FlowInfo:
     start_s: float
     duration_s: float
     start_skew_ns: int | None = None      # M-STARTSKEW: first data packet - scheduled start (NULL: not measured)
+    tool: str = "iperf3"                  # `bulk`: connected before its start, so M-FCT starts at its first data
 
 
 @dataclass(frozen=True)

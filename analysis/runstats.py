@@ -164,7 +164,7 @@ def analyse(data: RunData) -> RunAnalysis:
         if data_side is not None:
             ack_ts, rtt = m.rtt_from_timestamps(data_side, ack_side)
             rtt_stats = m.summary_stats(rtt[m.in_window(ack_ts, w0, w1)] / 1e3)
-            completion = m.flow_completion(data_side, ack_side)
+            completion = m.flow_completion(data_side, ack_side, from_first_data=f.tool == "bulk")
             gaps = m.inter_packet_gaps(data_side[m.in_window(data_side["ts_ns"], w0, w1)])
             gap_stats, retx = m.summary_stats(gaps.gaps_ns / 1e3), gaps.retransmissions
         else:

@@ -50,25 +50,29 @@ def rtt_from_timestamps(data: np.ndarray, acks: np.ndarray) -> tuple[np.ndarray,
 
 @dataclass(frozen=True)
 class Completion:
-    """M-FCT of one connection: first SYN to the first ACK covering the final data byte (one capture).
+    """M-FCT of one connection: first SYN (a `bulk` flow: its first data packet) to the first ACK covering the
+    final data byte (one capture).
 
     censored: no ACK covers the final byte (the flow did not complete inside the capture); fct_ns is then
-    the time from the SYN to the last packet seen, a lower bound."""
+    the time from the start to the last packet seen, a lower bound."""
 
-    syn_ns: int | None
+    syn_ns: int | None       # the start: the first SYN, or a pre-connected flow's first data packet
     done_ns: int | None
     fct_ns: float
     censored: bool
     data_bytes: int
 
 
-def flow_completion(data: np.ndarray, acks: np.ndarray) -> Completion:
-    """M-FCT; `data` and `acks` may include the handshake (SYN in either direction counts)."""
+def flow_completion(data: np.ndarray, acks: np.ndarray, from_first_data: bool = False) -> Completion:
+    """M-FCT; `data` and `acks` may include the handshake (SYN in either direction counts). `from_first_data`:
+    the flow was connected before its start (`bulk`), so it starts with its first data packet, not its SYN."""
     both = np.concatenate([data[["ts_ns", "tcp_flags"]], acks[["ts_ns", "tcp_flags"]]]) \
         if data.size + acks.size else np.empty(0, [("ts_ns", "i8"), ("tcp_flags", "i2")])
     syns = both["ts_ns"][(both["tcp_flags"] & SYN) != 0]
     syn = int(syns.min()) if syns.size else None
     d = data_in_time_order(data)
+    if from_first_data:
+        syn = int(d["ts_ns"][0]) if d.size else None
     if syn is None or d.size == 0:
         return Completion(syn, None, math.nan, True, 0)
     start = unwrap_seq(d["seq"])

@@ -149,6 +149,26 @@ def test_the_bulk_flows_first_data_is_within_a_millisecond_of_the_instant_and_th
     assert len(syn) == 4 and (syn["ts_ns"] < FIRST - 400_000_000).all()    # connected 0.5 s before
 
 
+def test_a_bulk_flows_completion_time_starts_at_its_first_data_not_its_early_syn() -> None:
+    """M-FCT from the capture: flow 7303 stops after 200 000 B; four flows share the 50 Mbit/s, so at a fair
+    share that takes 128 ms (measured 208 ms: slow start, the tbf queue). Counted from its SYN it would carry
+    the 0.5 s it waited, connected, for the instant."""
+    from analysis.metrics.timing import flow_completion
+
+    flows = parse_bulk_log((FIX / "bulk-send-7301.json").read_text())
+    pk = np.concatenate(list(PcapReader(FIX / "bulk_lo.pcap", 0)))
+    sport = flows[7303]["local_port"]
+    data = pk[(pk["src_port"] == sport) & (pk["dst_port"] == 7303)]
+    acks = pk[(pk["src_port"] == 7303) & (pk["dst_port"] == sport)]
+    late = flow_completion(data, acks, from_first_data=True)
+    early = flow_completion(data, acks)
+    first = int(data["ts_ns"][data["payload_len"] > 0].min())
+    assert late.syn_ns == first and 0 < first - FIRST < 1_000_000
+    assert not late.censored and late.data_bytes >= 200_000
+    assert 100e6 < late.fct_ns < 400e6, late
+    assert early.fct_ns - late.fct_ns > 400e6          # the SYN-based value holds the wait before the start
+
+
 # ---------------------------------------------------------------- the sender against real sinks
 
 def _free_ports(n: int) -> list[int]:
