@@ -138,7 +138,8 @@ def test_the_stock_variant_is_a_um_build_of_debians_source_with_the_projects_pat
     assert name == "uml-6.1" and plan_dir == KERNELS and src is not None
     assert (src.arch, src.config_base, src.package) == ("um", "defconfig", "linux-source-6.1")
     assert [(plan_dir / p).resolve() for p in src.patches] == [
-        KERNELS / "patches" / name for name in ("uml-hz-1000.patch", "uml-host-xstate.patch", "uml-kernel-remap.patch")]
+        KERNELS / "patches" / name
+        for name in ("uml-hz-1000.patch", "uml-host-xstate.patch", "uml-kernel-remap.patch", "uml-wallclock.patch")]
     assert [(plan_dir / c).resolve() for c in src.config] == [KERNELS / "configs" / "uml-lab.config"]
     assert sorted(Path(m).name for m in variant.modules) == ["sch_aqm_mark", "tcp_dctcp_flaws"]
     assert all((plan_dir / m / "Kbuild").is_file() for m in variant.modules)
@@ -168,6 +169,15 @@ def test_the_remap_patch_maps_present_kernel_pages_in_place_and_unmaps_only_abse
     # the munmap stays in the not-present branch only: the present branch maps, never unmaps
     present = code[code.index("else if (pte_newpage(*pte)) {"):]
     assert not any("add_munmap" in ln for ln in present) and any("add_mmap" in ln for ln in present)
+
+
+def test_the_wallclock_patch_sets_the_clock_from_the_machines_after_the_clocksource_switch():
+    text = (KERNELS / "patches" / "uml-wallclock.patch").read_text()
+    added = [ln[1:].strip() for ln in text.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
+    assert "late_initcall(um_wallclock_resync);" in added            # after fs_initcall's clocksource switch
+    assert "ts = ns_to_timespec64(os_persistent_clock_emulation());" in added
+    assert "return do_settimeofday64(&ts);" in added
+    assert "if (time_travel_mode != TT_MODE_OFF)" in added            # time travel keeps its own time
 
 
 def test_the_hz_patch_turns_the_fixed_hz_into_the_generic_choice():
