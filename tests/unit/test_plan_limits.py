@@ -229,6 +229,14 @@ def test_udp_rate_tasks_and_ports_follow_the_agent_bounds() -> None:
     assert any(f"more than {limits.MAX_TASKS_PER_SCHEDULE}" in i for i in issues)
 
 
+def test_bulk_flows_of_one_instant_are_one_task_on_their_sender_and_a_sink_each_on_the_receiver() -> None:
+    tasks = limits.MAX_TASKS_PER_SCHEDULE + 1
+    issues = timed_issues(QUICKSTART.replace("traffic.flows: [1, 2]", f"traffic.flows: [1, {tasks}]")
+                          .replace("tcp_probe: true", "tcp_probe: false").replace("tool: iperf3", "tool: bulk"))
+    counted = [i for i in issues if f"more than {limits.MAX_TASKS_PER_SCHEDULE}" in i]
+    assert counted and all("'client' would run" in i for i in counted), counted   # the sinks, not the sender
+
+
 # ------------------------------------------------------------------ YAML 1.1 forms
 
 def test_yaml_1_1_forms_read_as_written() -> None:

@@ -45,9 +45,14 @@ def _interval_ms(ns: int, low: int, high: int, path: KeyPath, what: str) -> list
 def _tasks_per_host(t: RunTemplate, flows: list[TemplateFlow]) -> Counter[str]:
     tasks: Counter[str] = Counter()
     senders = {f.src for f in flows}
+    tools = [tr.tool for _, tr in traffic_groups(t)]
+    # a bulk flow's sender is one task per sending host and start instant (engine/appbind.bulk_tasks)
+    bulk_senders = {(f.src, f.start_ns) for f in flows if tools[f.group] == "bulk"}
     for f in flows:
-        tasks[f.src] += 1
+        tasks[f.src] += tools[f.group] != "bulk"
         tasks[f.dst] += 1
+    for src, _ in bulk_senders:
+        tasks[src] += 1
     for cp in capture_points(t):
         tasks[cp.link.host] += 1
     for ln in t.qdisc_stats.links if t.qdisc_stats else []:
