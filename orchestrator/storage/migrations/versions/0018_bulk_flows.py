@@ -5,7 +5,7 @@ Existing rows stay NULL: no run had bulk flows before this revision.
 
 Revision ID: 0018
 Revises: 0017
-Create Date: 2026-12-03
+Create Date: 2026-11-27
 """
 from __future__ import annotations
 
