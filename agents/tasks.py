@@ -22,6 +22,7 @@ from agents.samplers import CpuLoad, QdiscStats, SsSample, TcpProbe
 from agents.sockets import CLOSE_POLL_S, listening, open_connections, wait_for
 from agents.taskbase import TaskRunner
 from schemas import procs
+from schemas.iperf3_output import split_leading_warnings
 
 
 class _ProcessTask(TaskRunner):
@@ -143,7 +144,7 @@ def iperf3_json_error(data: bytes) -> tuple[str | None, bool]:
     """(`error`, whether any interval was reported) of an iperf3 -J document; (None, False) if not JSON
     (ingest names that)."""
     try:
-        doc = json.loads(data)
+        doc = json.loads(split_leading_warnings(data.decode(errors="replace"))[1])
     except ValueError:
         return None, False
     if not isinstance(doc, dict):

@@ -206,7 +206,10 @@ def sender_ports(run_dir: Path, spec: RunSpec) -> dict[int, int | None]:
             out[f.flow_id] = sender_port(f, bulk)
             continue
         path = run_dir / f.src / f"iperf3-client-{f.port}.json"
-        streams = parse_iperf3(path.read_text()).streams if path.exists() else ()
+        try:
+            streams = parse_iperf3(path.read_text()).streams if path.exists() else ()
+        except (ValueError, OSError):   # no port: the ingest names the artifact's fault and keeps the run
+            streams = ()
         out[f.flow_id] = streams[0].sender_port if streams else None
     return out
 

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from orchestrator.storage import records
+from schemas.iperf3_output import split_leading_warnings
 
 
 class Iperf3FormatError(ValueError):
@@ -67,6 +68,7 @@ class Iperf3Result:
     bytes_received: int | None       # end.sum_received.bytes
     retransmits: int | None          # end.sum_sent.retransmits, when this side knows them
     error: str | None                # iperf3's "error" string, verbatim
+    warnings: tuple[str, ...] = ()   # lines iperf3 printed before the document (schemas/iperf3_output.py)
 
     @property
     def ok(self) -> bool:
@@ -74,7 +76,9 @@ class Iperf3Result:
 
 
 def parse_iperf3(json_text: str) -> Iperf3Result:
-    """Parse one iperf3 -J document (a client's or a one-off server's)."""
+    """Parse one iperf3 -J document (a client's or a one-off server's), after any warning lines iperf3 printed
+    before it."""
+    warnings, json_text = split_leading_warnings(json_text)
     try:
         doc = json.loads(json_text)
     except json.JSONDecodeError as e:
@@ -109,6 +113,7 @@ def parse_iperf3(json_text: str) -> Iperf3Result:
         bytes_received=_int(sum_received.get("bytes")) if known.received_bytes else None,
         retransmits=_int(sum_sent.get("retransmits")),
         error=doc.get("error"),
+        warnings=warnings,
     )
 
 

@@ -4,6 +4,7 @@ Tests here need root and `ip netns`; without them they skip and say which of the
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -235,6 +236,12 @@ def run_lab_plan(plan: Path, state_dir: Path, tmp_path: Path, force: bool = Fals
     url = f"sqlite:///{tmp_path / 'lab.db'}"
     rc, out = run_plan_quietly(plan, url, state_dir, tmp_path / "results", force=force)
     print(out)
+    if "[unreachable]" in out and json.loads(netns.inventory_path(state_dir).read_text())["kind"] == "uml":
+        # a UML host that stopped answering for minutes and came back (docs/uml-lab.md, open defect; seen once in
+        # ~45 CI runs): said above, and the plan's runs once more
+        print("a UML host was unreachable: running the plan once more")
+        rc, out = run_plan_quietly(plan, url, state_dir, tmp_path / "results", force=True)
+        print(out)
     assert rc == 0, out
     return open_db(url)
 
@@ -252,8 +259,6 @@ def one_run_flows(db, columns: str) -> list:
 
 def stored_flags(db) -> dict:
     """run_id -> the run's flags as stored (schemas.flag.Flag values)."""
-    import json
-
     from sqlalchemy import text
 
     from schemas.flag import Flag

@@ -2,7 +2,9 @@
 
 iperf3_client.json / iperf3_server.json: one test, `-t 1 -i 0.1 -b 8M -C cubic` (its packets are in
 eth.pcap); *_P2: two parallel streams (-P 2, -i 0.2); *_R: reverse mode with reno (the server sends);
-iperf3_client_refused.json: a client pointed at a port with no listener.
+iperf3_client_refused.json: a client pointed at a port with no listener. iperf3_client_warning.json: a client
+(iperf3 3.12 in a UML lab host, 6 s of RED-ECN traffic) whose control connection broke while the results were
+exchanged, so iperf3 printed a WARNING line before its JSON and the document carries an error.
 """
 from __future__ import annotations
 
@@ -90,7 +92,18 @@ def test_stream_ports_match_the_packet_capture():
     assert set(addr.format_column(data["ipv"], data["src_addr"])) == {s.local_host}
 
 
-@pytest.mark.parametrize("text", ["", "iperf3: error - unable to connect", "[1, 2]", '{"intervals": []}'])
+def test_a_warning_printed_before_the_document_is_kept_apart_and_the_document_parsed():
+    r = load("iperf3_client_warning.json")
+    assert r.warnings == ("WARNING:  Size of data read does not correspond to offered length",)
+    assert r.error == "unable to receive results: Resource temporarily unavailable" and not r.ok
+    assert r.streams[0].sender_port == 56108 and r.intervals.size == 59
+    from agents.tasks import iperf3_json_error
+
+    assert iperf3_json_error((FIX / "iperf3_client_warning.json").read_bytes()) == (r.error, True)
+
+
+@pytest.mark.parametrize("text", ["", "iperf3: error - unable to connect", "[1, 2]", '{"intervals": []}',
+                                  "WARNING: one\nWARNING: two\n"])
 def test_not_iperf3_json(text):
     with pytest.raises(Iperf3FormatError):
         parse_iperf3(text)
@@ -140,3 +153,17 @@ def test_a_refused_connection_is_retried_only_early_and_only_before_sending() ->
     assert not retry_connect(error, sent, CONNECT_GRACE_NS)          # too late: the run fails naming it
     assert not retry_connect(error, True, 200_000_000)               # it sent: a remark, not a second flow
     assert not retry_connect("unable to connect to server: No route to host", False, 0)
+
+
+def test_a_client_json_the_parser_refuses_leaves_its_flow_without_a_port_not_the_run_without_rows(tmp_path):
+    """The engine writes the flow rows from the clients' JSON before the ingest judges the artifacts: a document
+    the parser refuses must not end the run there (the ingest then stores the run failed, naming the file)."""
+    from orchestrator.ingest.assemble import sender_ports
+    from orchestrator.plan import expand, load_plan
+
+    spec = expand(load_plan(Path(__file__).resolve().parents[2] / "experiments" / "quickstart.yaml"))[1]
+    (tmp_path / "server").mkdir()
+    good, bad = spec.flows[0], spec.flows[1]
+    shutil.copy(FIX / "iperf3_client_warning.json", tmp_path / good.src / f"iperf3-client-{good.port}.json")
+    (tmp_path / bad.src / f"iperf3-client-{bad.port}.json").write_text("iperf3: interrupt - the client has terminated")
+    assert sender_ports(tmp_path, spec) == {good.flow_id: 56108, bad.flow_id: None}
