@@ -5,7 +5,7 @@ aqm, 20 -> 5 Mbit/s at 3 s) must show as the goodput at the aqm's capture toward
 the new rate; `ack_blackout` (the client drops everything it sends toward the aqm for 500 ms from 5 s)
 must leave no ACK of the flow at the aqm's capture toward the server inside the window, with ACKs on
 both sides of it. Both events' lags (effective - scheduled) come from run_event. `set_delay` needs netem:
-tests/lab/test_vm_events.py.
+tests/lab/test_uml_mechanisms.py (the UML lab).
 """
 from __future__ import annotations
 

@@ -34,9 +34,11 @@ def test_set_delay_steps_the_rtt_at_its_time(uml_mech, tmp_path):
     _, state_dir = uml_mech
     plan = tmp_path / "set-delay.yaml"
     plan.write_text(SET_DELAY_PLAN)
-    # the step's timing is the aqm's forwarding and timers: a run that G-CPULOAD found on a saturated machine,
-    # or whose event G-FAULT found issued or in force late, says so itself and is run again (at most 3 times)
-    db = run_lab_plan_unloaded(plan, state_dir, tmp_path, guards=("G-CPULOAD", "G-FAULT"))
+    # the step's timing is the aqm's agent's timer: a run whose event G-FAULT found issued or in force late says
+    # so itself and is run again (at most 3 times). Not on G-CPULOAD: a UML guest counts the time the machine
+    # did not run it as busy, so on 2 shared cores most runs carry it (5-7 % of 100 ms slots over 90 %, mean
+    # 22-28 %), and the step held its bounds in such runs (issued +4.6 ms, stepped +6.3 ms)
+    db = run_lab_plan_unloaded(plan, state_dir, tmp_path, guards=("G-FAULT",))
     check_set_delay_step(db)
 
 
@@ -47,7 +49,8 @@ def test_dctcp_keeps_the_queue_near_k_and_the_link_busier_than_reno(uml_mech, tm
     part of every sawtooth (measured on a 2-core x86-64: DCTCP 0.95 of the payload rate, queue 2.85 ms, alpha
     0.20; Reno 0.68)."""
     inv, state_dir = uml_mech
-    engine = run_lab_plan_unloaded(DCTCP_PLAN, state_dir, tmp_path)
+    # not run again on G-CPULOAD (see the set_delay test): the bounds below held in flagged runs
+    engine = run_lab_plan(DCTCP_PLAN, state_dir, tmp_path)
     by_cc = {}
     for data in iter_runs(engine, detail=True):
         a = analyse(data)
