@@ -195,9 +195,9 @@ def run(args: argparse.Namespace) -> int:
     payload = memoryview(b"\0" * SEND_BYTES)
     wait_until(args.first_ns)
     woke_ns = time.time_ns()
-    active = release(flows, payload)
+    active = {id(f) for f in release(flows, payload)}
     for f in flows:
-        if f not in active:
+        if id(f) not in active:
             stop_sending(f, time.time_ns())
     try:
         os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))   # the release was the timed part

@@ -23,6 +23,7 @@ from orchestrator.storage.records import PROTO_TCP
 # bytes a tool writes on the data connection before the flow's data (iperf3: its cookie, COOKIE_SIZE)
 PREAMBLE_BYTES = {"iperf3": 37}
 SEQ_SPACE = 1 << 32
+NOT_SEEN = np.iinfo(np.int64).max
 
 
 def first_data(chunk: np.ndarray, keys: np.ndarray, preamble: Mapping[int, int],
@@ -98,11 +99,20 @@ class StartTally:
         self.preamble = {flow_key(r): PREAMBLE_BYTES.get(tools.get(r["flow_id"], ""), 0) for r in flow_rows}
         self.bases: dict[str, dict[int, int]] = {}
         self.seen: dict[tuple[str, int], int] = {}
+        # per point, each key's earliest start so far (NOT_SEEN: none): a chunk is searched only for the keys it
+        # could still move earlier, so once every flow has started the fold costs one min() per chunk
+        self.earliest: dict[str, np.ndarray] = {}
+        self.position = {k: i for i, k in enumerate(self.keys.tolist())}
 
     def observe(self, point: str, chunk: np.ndarray) -> None:
-        for key, ts in first_data(chunk, self.keys, self.preamble, self.bases.setdefault(point, {})).items():
+        if not chunk.size:
+            return
+        earliest = self.earliest.setdefault(point, np.full(self.keys.size, NOT_SEEN, dtype=np.int64))
+        todo = self.keys[earliest > int(chunk["ts_ns"].min())]
+        for key, ts in first_data(chunk, todo, self.preamble, self.bases.setdefault(point, {})).items():
             if ts < self.seen.get((point, key), ts + 1):
                 self.seen[(point, key)] = ts
+                earliest[self.position[key]] = ts
 
     def flags(self) -> list[dict]:
         return []
