@@ -13,10 +13,10 @@ from sqlalchemy.engine import Engine
 
 from analysis.metrics.stats import PERCENTILE_METHOD, quantile_sketch
 from analysis.tables import Table
+from orchestrator.ingest.applog import SKIPPED  # an instant the writer reached more than half an interval late
 from orchestrator.plan import RunSpec
 from orchestrator.storage import tables
 
-SKIPPED = -2            # agents/appwriter.py: the instant was reached more than half an interval late
 LATE_FRACTION = 0.04    # a write made more than max(LATE_MIN_NS, 4 % of the interval) after its instant is late
 LATE_MIN_NS = 1_000_000
 APP_COLUMNS = ("flow_id", "write_index", "sched_ns", "t_ns", "stream_offset", "len", "accepted", "arrivals",
@@ -51,6 +51,12 @@ class ThinStreamStats:
     latency_sketch_ms: np.ndarray   # quantile sketch of M-APPLAT (the CDF)
 
 
+def late_threshold_ns(planned_interval_ns: float) -> float:
+    """M-APPLOSS's `late`: a write made more than this after its instant (max(LATE_MIN_NS, LATE_FRACTION of the
+    planned or mean interval)); the writer guard (orchestrator/guards/appwrite.py) counts with it too."""
+    return max(LATE_MIN_NS, LATE_FRACTION * planned_interval_ns)
+
+
 def _pct(values: np.ndarray, q: float) -> float:
     return float(np.percentile(values, q, method=PERCENTILE_METHOD)) if values.size else math.nan
 
@@ -61,7 +67,7 @@ def thin_stream_stats(run_id: str, flow_id: int, rows: np.ndarray, planned_inter
     made = rows[rows["accepted"] != SKIPPED]
     gaps_ms = np.diff(made["t_ns"]) / 1e6
     lateness = made["t_ns"] - made["sched_ns"]
-    late_ns = max(LATE_MIN_NS, LATE_FRACTION * planned_interval_ns)
+    late_ns = late_threshold_ns(planned_interval_ns)
     taken = made[made["accepted"] > 0]
     lat = taken["latency_ns"][~np.isnan(taken["latency_ns"])] / 1e6
     read = taken["read_latency_ns"][~np.isnan(taken["read_latency_ns"])] / 1e6

@@ -6,8 +6,9 @@ an idle or a busy connection, whether the RTO or a tail loss probe fires -- is t
 is on time. A loaded host delays the (SCHED_FIFO) writer now and then; one write in a hundred is noise, more is
 a different stream. Counted from the writer's own log, from its first write on (instants skipped before it,
 while the connection was coming up, are the flow's start, which the start-skew fold reports):
-- late: a write made more than LATE_NS after its instant (the writer spins the last 0.3 ms, so on an idle host it
-  writes within a few microseconds);
+- late: a write made later after its instant than M-APPLOSS's threshold, max(1 ms, 4 % of the interval)
+  (analysis/thinstream.late_threshold_ns; the writer spins the last 0.3 ms, so on an idle host it writes within
+  a few microseconds);
 - skipped: an instant reached more than half an interval late, which the writer leaves out rather than burst.
 """
 from __future__ import annotations
@@ -16,21 +17,22 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from analysis.thinstream import late_threshold_ns
 from orchestrator.ingest.applog import SKIPPED
 from orchestrator.plan.expansion.runspec import FlowSpec
 from schemas.flag import Flag
 
-LATE_NS = 2_000_000
 MAX_OFF_SCHEDULE = 0.01      # the share of instants that may be late or skipped before the run is flagged
 
 
-def off_schedule(rows: np.ndarray) -> tuple[int, int, int, float]:
-    """(instants counted, late writes, skipped instants, worst lateness in ms) of one writer's log rows."""
+def off_schedule(rows: np.ndarray, late_ns: float) -> tuple[int, int, int, float]:
+    """(instants counted, writes made more than late_ns after their instant, skipped instants, worst lateness in
+    ms) of one writer's log rows."""
     made = np.flatnonzero(rows["accepted"] != SKIPPED)
     rows = rows[made[0]:] if made.size else rows[:0]
     lateness = rows["t_ns"] - rows["sched_ns"]
     skipped = rows["accepted"] == SKIPPED
-    late = ~skipped & (lateness > LATE_NS)
+    late = ~skipped & (lateness > late_ns)
     worst = float(lateness.max()) / 1e6 if rows.size else 0.0
     return int(rows.size), int(late.sum()), int(skipped.sum()), worst
 
@@ -40,15 +42,16 @@ def writer_findings(flows: Sequence[FlowSpec], app_writes: Iterable[tuple[int, n
     by_id = {f.flow_id: f for f in flows}
     flags = []
     for flow_id, rows in app_writes:
-        total, late, skipped, worst = off_schedule(rows)
+        f = by_id[flow_id]
+        late_ns = late_threshold_ns((f.write_interval_s or 0) * 1e9)
+        total, late, skipped, worst = off_schedule(rows, late_ns)
         if total == 0 or (late + skipped) <= MAX_OFF_SCHEDULE * total:
             continue
-        f = by_id[flow_id]
         flags.append(Flag(
             guard="G-TASK", host=f.src,
             message=f"app writer of flow {flow_id} (port {f.port}): {late} of {total} writes more than "
-                    f"{LATE_NS / 1e6:.0f} ms after their instant, {skipped} instants skipped (worst {worst:.1f} ms "
+                    f"{late_ns / 1e6:g} ms after their instant, {skipped} instants skipped (worst {worst:.1f} ms "
                     f"late): the host did not keep the stream's schedule, its pattern is not the plan's there",
             evidence={"flow_id": flow_id, "instants": total, "late": late, "skipped": skipped,
-                      "worst_late_ms": round(worst, 3), "late_bound_ms": LATE_NS / 1e6}))
+                      "worst_late_ms": round(worst, 3), "late_bound_ms": late_ns / 1e6}))
     return flags

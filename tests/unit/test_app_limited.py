@@ -226,8 +226,8 @@ def test_a_stalled_writer_is_flagged_on_its_host_and_an_on_time_one_is_not() -> 
     flows = plan()[0].flows
     on_time = parse_write_log((FIX / "on-time-writer.bin").read_bytes()).rows
     stalled = parse_write_log((FIX / "stalled-writer.bin").read_bytes()).rows
-    assert off_schedule(on_time) == (120, 0, 0, pytest.approx(0.037, abs=0.001))
-    assert off_schedule(stalled)[:3] == (60, 5, 0) and 5.0 < off_schedule(stalled)[3] < 5.1
+    assert off_schedule(on_time, 2e6) == (120, 0, 0, pytest.approx(0.037, abs=0.001))
+    assert off_schedule(stalled, 2e6)[:3] == (60, 5, 0) and 5.0 < off_schedule(stalled, 2e6)[3] < 5.1
     assert writer_findings(flows, [(flows[0].flow_id, on_time)]) == []
     (flag,) = writer_findings(flows, [(flows[0].flow_id, on_time), (flows[1].flow_id, stalled)])
     assert (flag.guard, flag.host) == ("G-TASK", "sender")
@@ -239,7 +239,7 @@ def test_skipped_instants_count_but_not_the_ones_before_the_first_write() -> Non
     flows = plan()[0].flows
     rows = parse_write_log((FIX / "on-time-writer.bin").read_bytes()).rows.copy()
     rows["accepted"][:5] = SKIPPED           # the connection came up late: the flow's start, not a stall
-    assert off_schedule(rows)[:3] == (115, 0, 0)
+    assert off_schedule(rows, 2e6)[:3] == (115, 0, 0)
     assert writer_findings(flows, [(flows[0].flow_id, rows)]) == []
     rows["accepted"][50:52] = SKIPPED        # two instants a stall made the writer leave out: 2 of 115 > 1 %
     (flag,) = writer_findings(flows, [(flows[0].flow_id, rows)])
