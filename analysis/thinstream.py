@@ -13,10 +13,12 @@ from sqlalchemy.engine import Engine
 
 from analysis.metrics.stats import PERCENTILE_METHOD, quantile_sketch
 from analysis.tables import Table
-from orchestrator.ingest.applog import SKIPPED  # an instant the writer reached more than half an interval late
 from orchestrator.plan import RunSpec
 from orchestrator.storage import tables
 
+# agents/appwriter.py: the instant was reached more than half an interval late (a copy: the web layer, which
+# imports the analysis, may not import the ingest)
+SKIPPED = -2
 LATE_FRACTION = 0.04    # a write made more than max(LATE_MIN_NS, 4 % of the interval) after its instant is late
 LATE_MIN_NS = 1_000_000
 APP_COLUMNS = ("flow_id", "write_index", "sched_ns", "t_ns", "stream_offset", "len", "accepted", "arrivals",
