@@ -60,6 +60,8 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("drop_rate", "drop rate (qdisc)", "%", "lower", "count", lambda r: r.qdisc_drop_rate, 100),
     MetricDef("ce_fraction", "CE fraction", "%", None, None, lambda r: _flows_mean(r, lambda f: f.signals.ce_fraction),
               100),
+    MetricDef("data_packets", "data packets past the bottleneck", "per run", None, None,
+              lambda r: float(sum(f.signals.data_packets for f in r.flows)) if r.flows else math.nan),
     MetricDef("retransmissions", "retransmissions", "per run", "lower", "count",
               lambda r: float(sum(f.retransmissions for f in r.flows))),
 )

@@ -1,4 +1,4 @@
-"""`tcplab` command line: lab, plan, run, campaign, query, db, export (cli_db.py), report, compare, serve.
+"""`tcplab` command line: lab, plan, run, campaign, study, query, db, export (cli_db.py), report, compare, serve.
 Thin: every command calls one module."""
 from __future__ import annotations
 
@@ -161,10 +161,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from orchestrator.engine.plan_run import run_plan
-    from orchestrator.engine.selection import RunFilter
+    from orchestrator.engine.selection import RunFilter, option_values
     from orchestrator.inventory import InventoryError
 
-    filters = RunFilter(experiment=args.experiment, arm=args.arm, repetition=args.rep, kernel=args.kernel,
+    filters = RunFilter(experiments=option_values(args.experiment), arms=option_values(args.arm),
+                        repetitions=tuple(int(v) for v in option_values(args.rep)), kernels=option_values(args.kernel),
                         limit=args.limit)
     try:
         return asyncio.run(run_plan(args.plan, db_url=args.db, inventory=args.inventory,
@@ -260,6 +261,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from orchestrator.engine.selection import repetitions
+
     p = argparse.ArgumentParser(prog="tcplab", description="TCP congestion-control / AQM testbed")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True)
@@ -311,10 +314,13 @@ def build_parser() -> argparse.ArgumentParser:
                      "(with the reason) from the capabilities of the last hellos; touches no host, no database")
     run.add_argument("--refresh", action="store_true", help="with --dry-run: ask the agents (hello only) even "
                      "when the capability cache is fresh")
-    run.add_argument("--experiment", metavar="NAME", help="only the runs of this experiment")
-    run.add_argument("--arm", metavar="NAME", help="only the runs of this plan arm")
-    run.add_argument("--rep", type=int, metavar="N", help="only repetition N (0-based, as in the run id's -rN)")
-    run.add_argument("--kernel", metavar="NAME", help="only the runs that need this kernel variant on a host")
+    run.add_argument("--experiment", metavar="NAME[,NAME]", action="append",
+                     help="only the runs of these experiments (repeatable)")
+    run.add_argument("--arm", metavar="NAME[,NAME]", action="append", help="only the runs of these plan arms")
+    run.add_argument("--rep", metavar="N[,N]", action="append", type=repetitions,
+                     help="only these repetitions (0-based, as in the run id's -rN)")
+    run.add_argument("--kernel", metavar="NAME[,NAME]", action="append",
+                     help="only the runs that need one of these kernel variants on a host")
     run.add_argument("--limit", type=int, metavar="N", help="at most the next N runs (in run order) of those "
                      "selected and not complete")
     run.set_defaults(func=cmd_run)
@@ -332,6 +338,10 @@ def build_parser() -> argparse.ArgumentParser:
     from orchestrator.campaign.commands import add_parser as add_campaign_parser
 
     add_campaign_parser(sub, console, _progress)
+
+    from orchestrator.study.commands import add_parser as add_study_parser
+
+    add_study_parser(sub, console, _progress)
 
     from orchestrator.web.commands import add_parser as add_serve_parser
 

@@ -100,6 +100,15 @@ def passive_processes(spec: RunSpec) -> int:
     return max(count.values(), default=0)
 
 
+def flow_processes(spec: RunSpec) -> int:
+    """The most flow processes one host starts at or after T0 for this run (pure): an iperf3 client per flow it
+    sends; the bulk sender and the app writers are one process per host whatever their flow count."""
+    count: dict[str, int] = {}
+    for f in spec.flows:
+        count[f.src] = count.get(f.src, 0) + 1 if f.tool not in CHILD_TOOLS else 1
+    return max(count.values(), default=0)
+
+
 FLOW_TASK_KINDS = ("iperf3_client", "app_writer", "bulk_sender")
 
 

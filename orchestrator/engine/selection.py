@@ -6,8 +6,10 @@ the groups follow each other in the order their first run appears in the plan. A
 host into another kernel then switches once per variant set, not once per run, and the repetitions of a
 group are still interleaved, so a slow drift of the testbed does not line up with one cell.
 
-Filters (`tcplab run --experiment/--arm/--rep/--kernel/--limit`) narrow the ordered runs; `--limit` takes the
-first N of what is left, so `--limit 1` always runs the next run the full plan would have run.
+Filters (`tcplab run --experiment/--arm/--rep/--kernel/--limit`) narrow the ordered runs. Each of the first four
+takes several values (repeated, or comma-separated: `--experiment 1,3A --experiment 4B`): a run matches a field
+when it has any of its values, and the plan when it matches every field given. `--limit` takes the first N of
+what is left, so `--limit 1` always runs the next run the full plan would have run.
 """
 from __future__ import annotations
 
@@ -20,12 +22,12 @@ KernelKey = tuple[tuple[str, str], ...]
 
 @dataclass(frozen=True)
 class RunFilter:
-    """What `tcplab run` narrows the plan's runs to; None: no narrowing on that field."""
+    """What `tcplab run` narrows the plan's runs to: any of a field's values; () or None: no narrowing."""
 
-    experiment: str | None = None
-    arm: str | None = None          # a plan arm (`arms:`), the run id's `-<arm>` part
-    repetition: int | None = None
-    kernel: str | None = None       # a kernel variant (`kernels:`) some host of the run needs
+    experiments: tuple[str, ...] = ()
+    arms: tuple[str, ...] = ()          # plan arms (`arms:`), the run id's `-<arm>` part
+    repetitions: tuple[int, ...] = ()
+    kernels: tuple[str, ...] = ()       # kernel variants (`kernels:`) some host of the run needs
     limit: int | None = None
 
 
@@ -56,10 +58,10 @@ def run_order(specs: list[RunSpec]) -> list[RunSpec]:
 
 
 def matches(spec: RunSpec, f: RunFilter) -> bool:
-    return ((f.experiment is None or spec.experiment == f.experiment)
-            and (f.arm is None or arm_of(spec) == f.arm)
-            and (f.repetition is None or spec.repetition == f.repetition)
-            and (f.kernel is None or any(name == f.kernel for _, name in kernel_key(spec))))
+    return ((not f.experiments or spec.experiment in f.experiments)
+            and (not f.arms or arm_of(spec) in f.arms)
+            and (not f.repetitions or spec.repetition in f.repetitions)
+            and (not f.kernels or any(name in f.kernels for _, name in kernel_key(spec))))
 
 
 def select_runs(specs: list[RunSpec], f: RunFilter) -> list[RunSpec]:
@@ -73,10 +75,22 @@ def unknown_filter_values(specs: list[RunSpec], f: RunFilter) -> list[str]:
     have = {"experiment": {s.experiment for s in specs}, "arm": {a for s in specs if (a := arm_of(s))},
             "kernel": {name for s in specs for _, name in kernel_key(s)}}
     out = [f"--{field} {value}: the plan has no such {field} (it has: {', '.join(sorted(have[field])) or 'none'})"
-           for field, value in (("experiment", f.experiment), ("arm", f.arm), ("kernel", f.kernel))
-           if value is not None and value not in have[field]]
+           for field, values in (("experiment", f.experiments), ("arm", f.arms), ("kernel", f.kernels))
+           for value in values if value not in have[field]]
     reps = {s.repetition for s in specs}
-    if f.repetition is not None and f.repetition not in reps:
-        out.append(f"--rep {f.repetition}: the plan's repetitions are {min(reps, default=0)}.."
-                   f"{max(reps, default=0)}")
+    out += [f"--rep {rep}: the plan's repetitions are {min(reps, default=0)}..{max(reps, default=0)}"
+            for rep in f.repetitions if rep not in reps]
     return out
+
+
+def option_values(given: list[str] | None) -> tuple[str, ...]:
+    """A repeatable option's values, each occurrence possibly comma-separated, in order, without repeats."""
+    return tuple(dict.fromkeys(v.strip() for one in given or () for v in one.split(",") if v.strip()))
+
+
+def repetitions(text: str) -> str:
+    """The type of `--rep`: comma-separated whole numbers (argparse turns the ValueError into a usage error that
+    quotes the value)."""
+    if not all(v.strip().isdigit() for v in text.split(",") if v.strip()):
+        raise ValueError(text)
+    return text

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from orchestrator.storage.timing import PHASES, PhaseClock, RunTiming  # the shapes a run row stores
 
 __all__ = ["PHASES", "PhaseClock", "RunTiming", "Floors", "Margins", "History", "size_margins", "fixed_margins",
-           "ready_latencies", "late_ready", "floors_for", "lead_for_processes"]
+           "ready_latencies", "late_ready", "floors_for", "lead_for_processes", "tail_for_processes"]
 
 K_RTT = 4            # schedule op ~ one control RTT + the agent's work; four covers a slow agent loop
 K_SCHEDULE = 2       # ... or twice the slowest schedule op recently measured
@@ -102,6 +102,15 @@ def lead_for_processes(m: Margins, floors: Floors, processes: int) -> Margins:
     host starts before T0 (pure): 8 iperf3 servers on one UML host took ~1.1 s to listen."""
     need = floors.lead_ns + floors.per_process_ns * max(0, processes - 1)
     return m if m.lead_ns >= need else Margins(m.schedule_ns, need, m.grace_ns, m.tail_max_ns, m.early_stop)
+
+
+def tail_for_processes(m: Margins, floors: Floors, processes: int) -> Margins:
+    """The tail bound, at least the floor's plus twice per_process_ns for each flow process one host starts
+    (pure). An iperf3 client runs its duration from its own start, so one that started late ends late: on a UML
+    host the 8th of 8 staggered clients started more than 2 s late and was stopped before it wrote its report.
+    With early stop the bound costs nothing when the flows end in time."""
+    need = floors.tail_max_ns + 2 * floors.per_process_ns * processes
+    return m if m.tail_max_ns >= need else Margins(m.schedule_ns, m.lead_ns, m.grace_ns, need, m.early_stop)
 
 
 def fixed_margins() -> Margins:

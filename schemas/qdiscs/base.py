@@ -85,6 +85,15 @@ def tc_size(got: Any, want: Any) -> bool:
     return isinstance(got, (int, float)) and abs(got - want) <= max(1024, 0.02 * want)
 
 
+def tc_seconds(got: Any, want: Any) -> bool:
+    """A time tc's JSON prints in seconds after the same whole-µs truncation and tick conversion as whole_us
+    (netem: 500 µs reads back 0.000499): within 2 µs or 0.1 %. A float difference at the limit of its precision
+    must not decide, so the bound is in whole nanoseconds."""
+    if not isinstance(got, (int, float)) or isinstance(got, bool):
+        return False
+    return round(abs(got - want) * 1e9) <= max(2000, round(1e-3 * abs(want) * 1e9))
+
+
 def whole_us(got: Any, want: Any) -> bool:
     """A time in whole µs that went through coarser units and truncations on the way (codel keeps 1024 ns
     units, psched 64 ns ticks; tc truncates to µs, tbf's `lat` twice): within 2 µs or 0.1 %."""

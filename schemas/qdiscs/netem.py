@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from schemas.qdiscs.base import Expect, QdiscKind, Strict, tc_rounded, tc_time
+from schemas.qdiscs.base import Expect, QdiscKind, Strict, tc_rounded, tc_seconds, tc_time
 
 
 class Netem(Strict):
@@ -34,8 +34,8 @@ def params(s: Netem) -> list[str]:
 def expected(s: Netem) -> list[Expect]:
     # times in seconds; tc omits the delay object without a delay and loss-random without loss
     return [Expect("limit", ("options", "limit"), s.limit_packets, ("limit_packets",)),
-            Expect("delay", ("options", "delay", "delay"), s.delay_ns / 1e9, ("delay_ns",), tc_rounded, absent=0.0),
-            Expect("jitter", ("options", "delay", "jitter"), s.jitter_ns / 1e9, ("jitter_ns",), tc_rounded,
+            Expect("delay", ("options", "delay", "delay"), s.delay_ns / 1e9, ("delay_ns",), tc_seconds, absent=0.0),
+            Expect("jitter", ("options", "delay", "jitter"), s.jitter_ns / 1e9, ("jitter_ns",), tc_seconds,
                    absent=0.0),
             Expect("loss", ("options", "loss-random", "loss"), s.loss, ("loss",), tc_rounded, absent=0.0)]
 

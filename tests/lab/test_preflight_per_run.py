@@ -66,7 +66,7 @@ def test_dry_run_then_real_run_refuse_one_cell_and_run_the_other(lab, tmp_path):
     rc, said = tcplab_run(plan, offline, results, url, dry=True)
     assert rc == 3, said
     assert "no agent contacted" in said and "2 runs: 1 runnable, 1 refused" in said
-    rc, said = tcplab_run(plan, offline, results, url, dry=True, filters=RunFilter(experiment="fifo"))
+    rc, said = tcplab_run(plan, offline, results, url, dry=True, filters=RunFilter(experiments=("fifo",)))
     assert rc == 0 and "1 runs: 1 runnable, 0 refused" in said
 
     rc, said = tcplab_run(plan, inventory, results, url)

@@ -53,6 +53,15 @@ def test_plan_checks_name_file_line_and_field() -> None:
     assert [(f.tool, f.bytes, f.nodelay) for f in spec.flows] == [("bulk", 150_000, True)] * 4
 
 
+def test_a_host_starts_one_bulk_process_but_one_iperf3_client_per_flow() -> None:
+    from orchestrator.engine.bind import flow_processes, passive_processes
+
+    (bulk,) = plan()
+    (iperf3,) = expand(load_plan_text(PLAN.replace("tool: bulk", "tool: iperf3").replace("EXTRA", ""), "t.yaml"))
+    assert (flow_processes(bulk), flow_processes(iperf3)) == (1, 4)
+    assert (passive_processes(bulk), passive_processes(iperf3)) == (0, 4)
+
+
 def test_one_sender_per_host_and_start_instant_and_a_sink_per_flow() -> None:
     (spec,) = plan(", per_flow: {3: {start: 2s, bytes: 1MB}}")
     tl = Timeline(t0_ns=10**18, start_ns=10**18 - 1_200_000_000, stop_ns=10**18 + 11_500_000_000)

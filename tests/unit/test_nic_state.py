@@ -119,6 +119,23 @@ def test_off_holds_by_absence_and_is_noted_but_on_does_not():
         "to-client pause rx: driver veth has no pause frames, wanted on"]
 
 
+def test_a_drivers_coalescing_floor_holds_off_and_is_noted():
+    # UML's vector NIC as the agent read it back inside a UML host (HZ 1000) after asking rx-usecs 0 and
+    # tx-usecs 0: tx-usecs 1000 (one jiffy; 2000 before), rx-usecs absent (`ethtool -c`: "rx-usecs: n/a")
+    want = HostState(interfaces={"to-client": InterfaceState(coalesce={"rx-usecs": 0, "tx-usecs": 0})})
+    rb = _rb(driver="uml-vector", coalesce={"tx-usecs": 1000}, unsupported={"coalesce": "no such parameter"})
+    assert verify.readback_differences(want, rb) == []
+    assert [str(f) for f in verify.nic_flags("aqm", want, rb)] == [
+        "G-NIC host aqm: to-client: coalescing rx-usecs off by absence (driver uml-vector: no such parameter)",
+        "G-NIC host aqm: to-client: coalescing off as far as it goes: tx-usecs 1000 is driver uml-vector's floor: "
+        "its TX timer is at least one jiffy and runs only while the stack announces more packets (xmit_more)"]
+    # a value above the floor, or a request other than off, or another driver: still a difference
+    for driver, have, asked in (("uml-vector", 200_000, 0), ("uml-vector", 1000, 8), ("virtio_net", 1000, 0)):
+        other = HostState(interfaces={"to-client": InterfaceState(coalesce={"tx-usecs": asked})})
+        assert verify.readback_differences(other, _rb(driver=driver, coalesce={"tx-usecs": have})) == [
+            f"to-client coalesce tx-usecs: {have} != {asked}"]
+
+
 def test_boolean_module_parameters_compare_as_one_and_zero():
     assert verify.norm_module_param("Y") == verify.norm_module_param("1") == verify.norm_module_param("true")
     assert verify.norm_module_param("N") == verify.norm_module_param("0")

@@ -70,11 +70,17 @@ def test_kernel_label_names_the_host_and_variant(specs):
 
 
 @pytest.mark.parametrize(("f", "expected"), [
-    (RunFilter(arm="b", kernel="new"), ["b/new/reno/r0", "b/new/cubic/r0", "b/new/reno/r1", "b/new/cubic/r1"]),
-    (RunFilter(repetition=1, kernel="old"), ["a/old/reno/r1", "a/old/cubic/r1", "b/old/reno/r1", "b/old/cubic/r1"]),
-    (RunFilter(experiment="main", limit=3), ["a/old/reno/r0", "a/old/cubic/r0", "b/old/reno/r0"]),
-    (RunFilter(arm="a", repetition=0, kernel="new", limit=1), ["a/new/reno/r0"]),
+    (RunFilter(arms=("b",), kernels=("new",)), ["b/new/reno/r0", "b/new/cubic/r0", "b/new/reno/r1", "b/new/cubic/r1"]),
+    (RunFilter(repetitions=(1,), kernels=("old",)),
+     ["a/old/reno/r1", "a/old/cubic/r1", "b/old/reno/r1", "b/old/cubic/r1"]),
+    (RunFilter(experiments=("main",), limit=3), ["a/old/reno/r0", "a/old/cubic/r0", "b/old/reno/r0"]),
+    (RunFilter(arms=("a",), repetitions=(0,), kernels=("new",), limit=1),
+     ["a/new/reno/r0"]),
     (RunFilter(limit=0), []),
+    (RunFilter(arms=("a", "b"), repetitions=(1,), kernels=("old",)),
+     ["a/old/reno/r1", "a/old/cubic/r1", "b/old/reno/r1", "b/old/cubic/r1"]),
+    (RunFilter(arms=("b",), repetitions=(0, 1), kernels=("new", "old"), limit=3),
+     ["b/old/reno/r0", "b/old/cubic/r0", "b/old/reno/r1"]),
 ])
 def test_select_runs_narrows_the_run_order(specs, f, expected):
     assert [label(s) for s in select_runs(run_order(specs), f)] == expected
@@ -85,8 +91,10 @@ def test_no_filter_selects_everything(specs):
 
 
 def test_unknown_filter_values_are_named_not_silently_empty(specs):
-    assert unknown_filter_values(specs, RunFilter(experiment="main", arm="a", repetition=1, kernel="old")) == []
-    assert unknown_filter_values(specs, RunFilter(experiment="x", arm="c", repetition=2, kernel="k")) == [
+    ok = RunFilter(experiments=("main",), arms=("a",), repetitions=(1,), kernels=("old",))
+    assert unknown_filter_values(specs, ok) == []
+    wrong = RunFilter(experiments=("x", "main"), arms=("c",), repetitions=(2, 0), kernels=("k",))
+    assert unknown_filter_values(specs, wrong) == [
         "--experiment x: the plan has no such experiment (it has: main)",
         "--arm c: the plan has no such arm (it has: a, b)",
         "--kernel k: the plan has no such kernel (it has: new, old)",
@@ -106,9 +114,11 @@ def test_the_cli_passes_the_filters_and_dry_run_to_run_plan(monkeypatch, tmp_pat
 
     monkeypatch.setattr(plan_run, "run_plan", fake_run_plan)
     args = cli.build_parser().parse_args(["run", str(tmp_path / "p.yaml"), "--dry-run", "--experiment", "main",
-                                          "--arm", "a", "--rep", "1", "--kernel", "old", "--limit", "2"])
+                                          "--arm", "a,b", "--rep", "1", "--rep", "0,1", "--kernel", "old",
+                                          "--limit", "2"])
     assert args.func(args) == 3
-    assert seen["filters"] == RunFilter(experiment="main", arm="a", repetition=1, kernel="old", limit=2)
+    assert seen["filters"] == RunFilter(experiments=("main",), arms=("a", "b"), repetitions=(1, 0),
+                                        kernels=("old",), limit=2)
     assert (seen["dry"], seen["refresh"], seen["force"]) == (True, False, False)
 
 
@@ -132,3 +142,11 @@ def test_kernel_groups_follow_the_run_order_and_name_the_hosts_to_restart(specs)
 
     assert built and switches_needed(spec, caps("6.1.176")) == {"k" * 64: list(built)}
     assert switches_needed(spec, caps("6.1.192-uml-0123456789")) == {}
+
+
+def test_a_repetition_that_is_not_a_number_is_a_usage_error(tmp_path, capsys):
+    from orchestrator import cli
+
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["run", str(tmp_path / "p.yaml"), "--rep", "0,x"])
+    assert "--rep: invalid repetitions value: '0,x'" in capsys.readouterr().err

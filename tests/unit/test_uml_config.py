@@ -110,6 +110,18 @@ def test_the_lead_grows_with_the_processes_a_uml_host_starts_before_t0():
     assert timing.lead_for_processes(n, netns_, 16) == n      # cheap process starts: unchanged
 
 
+def test_the_tail_bound_grows_with_the_flow_processes_a_uml_host_starts():
+    from orchestrator.engine import timing
+
+    uml, netns_ = timing.floors_for("uml"), timing.floors_for("netns")
+    m = timing.size_margins(uml, [400_000], [], [])
+    assert timing.tail_for_processes(m, uml, 8).tail_max_ns == uml.tail_max_ns + 16 * uml.per_process_ns
+    assert timing.tail_for_processes(m, uml, 8).lead_ns == m.lead_ns
+    assert timing.tail_for_processes(m, uml, 0) == m
+    n = timing.size_margins(netns_, [100_000], [], [])
+    assert timing.tail_for_processes(n, netns_, 16) == n
+
+
 def test_a_kernel_too_old_for_the_cpus_xsave_area_is_named_with_the_fix():
     """A real console: the build without the xstate patch on an AMX CPU; the hint names the patch and the command.
     What the lab shows is the console without the panic's stack dump (uml._console_tail)."""
