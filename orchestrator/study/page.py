@@ -70,9 +70,9 @@ def _plot(table, cells: list[CellResult]) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r.label for r in table.rows]
-    fig, axes = plt.subplots(len(rows), 1, figsize=(8, 2.2 * len(rows)), squeeze=False)
-    for ax, label in zip(axes[:, 0], rows, strict=True):
+    fig, axes = plt.subplots(len(table.rows), 1, figsize=(8, 2.2 * len(table.rows)), squeeze=False)
+    for ax, row in zip(axes[:, 0], table.rows, strict=True):
+        label = row.label
         mine = [c for c in cells if c.row == label]
         x = range(len(mine))
         ax.bar([i - 0.2 for i in x], [c.paper if c.paper is not None else math.nan for c in mine], 0.4,
@@ -80,7 +80,7 @@ def _plot(table, cells: list[CellResult]) -> str:
         ax.bar([i + 0.2 for i in x], [c.measured for c in mine], 0.4, label="measured", color="#1f77b4")
         ax.set_xticks(list(x), [c.column for c in mine])
         ax.set_title(label, fontsize=9)
-        ax.set_ylabel(table.unit or table.metric, fontsize=8)
+        ax.set_ylabel(row.metric or table.unit or table.metric, fontsize=8)
     axes[0, 0].legend(fontsize=8)
     fig.tight_layout()
     buf = io.BytesIO()

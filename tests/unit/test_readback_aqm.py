@@ -26,6 +26,8 @@ RAMP = Red(limit_bytes=500_000, min_bytes=25_000, max_bytes=75_000, avpkt_bytes=
     ("netem_htb_red_ecn", "red", RAMP),
     ("netem_jitter_loss", "netem", Netem(delay_ns=5_000_000, jitter_ns=1_000_000, distribution="normal", loss=0.01,
                                          limit_packets=2000)),
+    ("netem_500us_uml", "netem", Netem(delay_ns=500_000, limit_packets=1000)),     # reads back 0.000499 s
+    ("netem_100us_jitter_uml", "netem", Netem(delay_ns=100_000, jitter_ns=20_000, limit_packets=1000)),
     ("htb_fq_codel", "fq_codel", FqCodel(limit_packets=10240, target_ns=5_000_000, interval_ns=100_000_000)),
     ("htb_codel", "codel", Codel(target_ns=5_000_000, interval_ns=100_000_000)),
     ("htb_pie_ecn", "pie", Pie(limit_packets=1000, target_ns=15_000_000, ecn=True)),
@@ -58,3 +60,11 @@ def test_red_probability_one_does_not_survive_tc() -> None:
     step = Red(limit_bytes=500_000, min_bytes=3000, max_bytes=3001, avpkt_bytes=1000, burst_packets=4,
                probability=1.0, bandwidth_bit=20_000_000, ecn=True)
     assert option_differences(step, qdisc("netem_htb_red_step_ecn", "red")) == ["probability 0.5 != 1.0"]
+
+
+def test_a_netem_time_is_held_to_what_tc_can_express_and_no_further():
+    """500 µs reads back as 0.000499 s: one µs lost in tc's tick conversion, a float difference of 1e-6 + 1e-15
+    that a bound of exactly 1 µs refused. Off by more than 2 µs (or 0.1 %) is still a difference."""
+    got = qdisc("netem_500us_uml", "netem")
+    assert option_differences(Netem(delay_ns=503_000, limit_packets=1000), got) == ["delay 0.000499 != 0.000503"]
+    assert option_differences(Netem(delay_ns=501_000, limit_packets=1000), got) == []
