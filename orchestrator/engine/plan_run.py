@@ -18,6 +18,7 @@ from rich.console import Console
 
 from orchestrator.agent_client import AgentError
 from orchestrator.engine import provenance
+from orchestrator.engine.arm_identity import erased_by_profile
 from orchestrator.engine.dry_run import dry_run
 from orchestrator.engine.kernel_builds import attach_builds
 from orchestrator.engine.kernel_switch import kernel_groups, switch_hosts
@@ -66,6 +67,10 @@ async def run_plan(plan_path: Path, db_url: str | None, inventory: Path | None, 
                                    plan_path.parent)
     for name, why in unbuilt.items():
         console.print(f"kernel variant {name}: {why}", style="yellow", markup=False)
+    if profile is not None:
+        for erased in erased_by_profile(expand(plan), specs):
+            console.print(f"NOT REPRODUCIBLE HERE: {erased.why}; profile {profile.name} erases the difference "
+                          "between them (each run alone may still run)", style="bold red", markup=False)
     if wrong := unknown_filter_values(specs, filters):
         console.print("\n".join(wrong), style="red", markup=False)
         return 2

@@ -15,8 +15,8 @@ import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from orchestrator.engine.arm_identity import identical, why_same
 from orchestrator.plan import RunSpec
 from orchestrator.plan.model.units import parse_rate
 from orchestrator.study.model import Comparison, Row, Table, Tolerance
@@ -27,10 +27,6 @@ NO_PAPER = "no paper value"
 WITHIN = "within tolerance"
 OUT = "out of tolerance"
 
-# what may differ between two arms' runs of one cell without making them different experiments
-_IDENTITY_FIELDS = ("run_id", "seed", "params", "substitutions")
-
-
 @dataclass(frozen=True)
 class Erased:
     """A comparison whose arms run identically on this testbed, and why."""
@@ -40,48 +36,15 @@ class Erased:
     why: str
 
 
-def _as_run(spec: RunSpec) -> dict[str, Any]:
-    """The run as a host sees it: without its names, and each host's kernel by what it boots (its expected
-    release and build), not by the variant's label and description. A kernel known only by its definition (no
-    release yet) keeps the definition's hash."""
-    doc = {k: v for k, v in spec.model_dump(mode="json").items() if k not in _IDENTITY_FIELDS}
-    for host in doc.get("hosts", {}).values():
-        if host.get("kernel"):
-            host["kernel"] = {k: v for k, v in host["kernel"].items()
-                              if k != "name" and (k != "sha256" or host["kernel"].get("release") is None)}
-    return doc
-
-
-def _why_same(arms: Sequence[str], cell: Mapping[str, RunSpec]) -> str:
-    """What the profile made of the kernel variants that distinguish the arms (those the arms' own values name)."""
-    own = {}
-    for arm in arms:
-        spec = cell[arm]
-        named = {str(v) for v in spec.params.values()}
-        own.update({x.field.removeprefix("kernels."): x.now for x in spec.substitutions
-                    if x.kind == "kernel" and x.field.removeprefix("kernels.") in named})
-    nows = set(own.values())
-    if not own:
-        return "the profile runs them identically"
-    if len(nows) == 1:
-        return f"the profile gives {' and '.join(sorted(own))} the same kernel, {nows.pop()}"
-    return "the profile runs them identically: " + "; ".join(f"{k} -> {v}" for k, v in sorted(own.items()))
-
-
 def erased_comparisons(comparisons: Iterable[Comparison], runs: Sequence[RunSpec]) -> list[Erased]:
     """The comparisons (of one plan, `runs` its selected runs as the profile adapted them) whose arms give
-    identical runs in every cell where both ran: what the study compares is not on this testbed."""
+    identical runs in every cell where all ran: what the study compares is not on this testbed."""
     out = []
     for c in comparisons:
-        by_cell: dict[tuple, dict[str, RunSpec]] = {}
-        for spec in runs:
-            arm = spec.params.get("arm")
-            if arm in c.arms:
-                by_cell.setdefault((spec.experiment, spec.cell, spec.repetition), {})[str(arm)] = spec
-        full = [cell for cell in by_cell.values() if len(cell) == len(c.arms)]
-        if full and all(len({repr(_as_run(s)) for s in cell.values()}) == 1 for cell in full):
+        cell = identical(runs, c.arms)
+        if cell is not None:
             out.append(Erased(c.name, tuple(c.arms), f"arms {' and '.join(c.arms)} give identical runs: "
-                              f"{_why_same(c.arms, full[0])}; the difference the study compares is not on this "
+                              f"{why_same(c.arms, cell)}; the difference the study compares is not on this "
                               "testbed"))
     return out
 

@@ -129,3 +129,16 @@ def test_the_study_schema_is_current_documents_every_field_and_accepts_the_shipp
     assert len(shipped) >= 2
     for path in shipped:
         assert [e.message for e in Draft202012Validator(schema).iter_errors(yaml.safe_load(path.read_text()))] == []
+
+
+def test_tcplab_run_finds_the_arms_a_profile_makes_identical_without_a_declared_comparison():
+    from orchestrator.engine.arm_identity import erased_by_profile
+
+    plan = load_plan(EXP / "thin-stream" / "thin-stream.yaml")
+    planned = expand(plan)
+    (erased,) = erased_by_profile(planned, expand(plan, profile=load_profile(EXP / "profiles" / "uml-lab.yaml")))
+    assert erased.arms == ("linux-3.15", "linux-3.18")
+    assert erased_by_profile(planned, planned) == []
+    lsaimd = load_plan(EXP / "lsaimd" / "table-5-1.yaml")     # its arms differ in CC, queue and kernel patches
+    assert erased_by_profile(expand(lsaimd), expand(lsaimd, profile=load_profile(
+        EXP / "profiles" / "uml-lab.yaml"))) == []
