@@ -12,17 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from analysis.compare import METRIC_BY_KEY
 from orchestrator.campaign import cells
 from orchestrator.campaign.model import Campaign
 from orchestrator.plan import PlanError, RunSpec, expand
-from orchestrator.plan.checks.diagnose import problems_from
 from orchestrator.plan.checks.errors import Problem, format_path, locate_all
 from orchestrator.plan.checks.loader import read_text
 from orchestrator.plan.checks.passes import check_document
-from orchestrator.plan.checks.profile_loader import load_profile
+from orchestrator.plan.checks.profile_loader import load_profile, validated_document
 from orchestrator.plan.checks.yamlpos import read_yaml
 from orchestrator.plan.expansion.matrix import all_assignments, target
 from orchestrator.plan.model.paths import PathError
@@ -174,11 +171,7 @@ def pair_cells(plan_index: int, per_variant: dict[str, list[RunSpec]], baseline:
 
 
 def load_campaign_text(text: str, file: str, campaign_dir: Path) -> LoadedCampaign:
-    doc, marks = read_yaml(text, file)
-    try:
-        c = Campaign.model_validate(doc)
-    except ValidationError as exc:
-        raise PlanError(locate_all(problems_from(exc, doc, Campaign), marks, file)) from None
+    c, _, marks = validated_document(text, file, Campaign)
     problems = campaign_problems(c)
     if problems:
         raise PlanError(locate_all(problems, marks, file))

@@ -9,15 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import ValidationError
-
 from analysis.compare import METRIC_BY_KEY
 from orchestrator.engine.selection import RunFilter, run_order, select_runs
 from orchestrator.plan import PlanError, RunSpec, expand, load_plan
-from orchestrator.plan.checks.diagnose import problems_from
 from orchestrator.plan.checks.errors import Problem, locate_all
 from orchestrator.plan.checks.loader import read_text
-from orchestrator.plan.checks.profile_loader import load_profile
+from orchestrator.plan.checks.profile_loader import load_profile, validated_document
 from orchestrator.plan.checks.yamlpos import read_yaml
 from orchestrator.plan.model.profile import Profile
 from orchestrator.study.model import STATISTICS, Study
@@ -109,11 +106,7 @@ def _plan_entry(s: Study, i: int, study_dir: Path, profile: Profile | None, prob
 
 
 def load_study_text(text: str, file: str, study_dir: Path) -> LoadedStudy:
-    doc, marks = read_yaml(text, file)
-    try:
-        s = Study.model_validate(doc)
-    except ValidationError as exc:
-        raise PlanError(locate_all(problems_from(exc, doc, Study), marks, file)) from None
+    s, _, marks = validated_document(text, file, Study)
     problems = study_problems(s)
     if problems:
         raise PlanError(locate_all(problems, marks, file))
