@@ -1,12 +1,13 @@
 """Periodic samplers scheduled by the manager (agents/tasks.py registers them): the tcp:tcp_probe tracepoint
-in a private tracefs instance, qdisc counters over netlink, `ss -tin` polls and the CPU load. Each writes one
-artifact whose rows carry CLOCK_REALTIME (or the offsets to it)."""
+and an interface's queue tracepoints in private tracefs instances, qdisc counters over netlink, `ss -tin` polls
+and the CPU load. Each writes one artifact whose rows carry CLOCK_REALTIME (or the offsets to it)."""
 from __future__ import annotations
 
 import asyncio
 import os
 import re
 import time
+from pathlib import Path
 
 from agents.children import spawn
 from agents.host.argv import tc_handle
@@ -16,35 +17,37 @@ from schemas import procs
 from schemas.qdiscs import decoded_xstats
 
 
-class TcpProbe(TaskRunner):
-    """A private tracefs instance with tcp:tcp_probe filtered on the run's ports (events are global)."""
+class _TraceInstance(TaskRunner):
+    """Tracepoints recorded in a private tracefs instance (events are global: every agent on a kernel shares
+    them) with trace_clock mono, from start to stop; the instance's `trace` text is the artifact, with the
+    realtime - mono offsets at both ends in its meta."""
 
-    kind = "tcp_probe"
-    out_name = "tcp_probe.trace"
+    instance_kind = ""
 
-    def filter_expr(self) -> str:
-        """The sender's sockets only: `ports` are the flows' receiver ports, so dport == port. On one kernel
-        (the netns lab, a hybrid VM lab) the receiver's own socket (sport == port) fires too, on every data
-        segment -- 64 % of a 2-flow quickstart run's events, which the analysis never reads (docs/metrics.md)."""
-        return " || ".join(f"dport == {p}" for p in self.spec.ports)
+    def events(self) -> list[tuple[str, str]]:
+        """(events/<system>/<event> path, filter) of every tracepoint the task enables."""
+        raise NotImplementedError
 
     async def execute(self) -> None:
         root = tracefs_root()
         if root is None:
             raise RuntimeError("tracefs is not mounted")
-        inst = root / "instances" / instance_name("tp", self.task_id)
+        inst = root / "instances" / instance_name(self.instance_kind, self.task_id)
         inst.mkdir()
         saving = None
         try:
             (inst / "buffer_size_kb").write_text(str(self.spec.buffer_kib))
             (inst / "trace_clock").write_text("mono")
-            ev = inst / "events/tcp/tcp_probe"
-            (ev / "filter").write_text(self.filter_expr())
+            events = [(inst / "events" / path, expr) for path, expr in self.events()]
+            for ev, expr in events:
+                (ev / "filter").write_text(expr)
             self.meta["offset_start_ns"] = realtime_minus_mono_ns()
-            (ev / "enable").write_text("1")
+            for ev, _ in events:
+                (ev / "enable").write_text("1")
             self.meta["ready_ns"] = time.time_ns()
             await self.until_stop(self.spec.stop_ns)
-            (ev / "enable").write_text("0")
+            for ev, _ in events:
+                (ev / "enable").write_text("0")
             self.meta["offset_end_ns"] = realtime_minus_mono_ns()
             self.meta["trace_clock"] = "mono"
             # the kernel formats every event as it is read (a 5 s run: ~35k events, 10 MB, 0.1-0.2 s): off the
@@ -63,6 +66,43 @@ class TcpProbe(TaskRunner):
             self.meta["overrun_cpu0"] = int(overruns.group(1)) if overruns else None
         finally:
             inst.rmdir()
+
+
+class TcpProbe(_TraceInstance):
+    """tcp:tcp_probe filtered on the run's ports."""
+
+    kind = "tcp_probe"
+    instance_kind = "tp"
+    out_name = "tcp_probe.trace"
+
+    def filter_expr(self) -> str:
+        """The sender's sockets only: `ports` are the flows' receiver ports, so dport == port. On one kernel
+        (the netns lab, a hybrid VM lab) the receiver's own socket (sport == port) fires too, on every data
+        segment -- 64 % of a 2-flow quickstart run's events, which the analysis never reads (docs/metrics.md)."""
+        return " || ".join(f"dport == {p}" for p in self.spec.ports)
+
+    def events(self) -> list[tuple[str, str]]:
+        return [("tcp/tcp_probe", self.filter_expr())]
+
+
+class QueueTrace(_TraceInstance):
+    """net:net_dev_queue (an skb enters the interface's qdisc chain), qdisc:qdisc_dequeue (the chain's root
+    hands it on) and net:net_dev_xmit (the driver took a packet) on one interface: M-QDELAY where the bottleneck
+    is the sender's own egress, ahead of any capture (orchestrator/ingest/egress_qdelay.py)."""
+
+    kind = "queue_trace"
+    instance_kind = "qt"
+
+    @property
+    def out_name(self) -> str:
+        return f"queue-trace-{self.spec.interface}.trace"
+
+    def events(self) -> list[tuple[str, str]]:
+        # the interface name is schema-checked (no quotes or spaces): it cannot break out of the filter
+        match = f'name == "{self.spec.interface}"'
+        ifindex = int((Path("/sys/class/net") / self.spec.interface / "ifindex").read_text(encoding="ascii")[:16])
+        return [("net/net_dev_queue", match), ("qdisc/qdisc_dequeue", f"ifindex == {ifindex} && packets > 0"),
+                ("net/net_dev_xmit", match)]
 
 
 QDISC_CSV_HEADER = "ts_ns,handle,parent,kind,bytes,packets,drops,overlimits,requeues,backlog_bytes,qlen\n"

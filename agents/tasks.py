@@ -18,7 +18,7 @@ from agents.appflows import AppSink, AppWriter, BulkSender
 from agents.children import spawn
 from agents.events import EventRunner
 from agents.ktrace import KernelTrace
-from agents.samplers import CpuLoad, QdiscStats, SsSample, TcpProbe
+from agents.samplers import CpuLoad, QdiscStats, QueueTrace, SsSample, TcpProbe
 from agents.sockets import CLOSE_POLL_S, listening, open_connections, wait_for
 from agents.taskbase import TaskRunner
 from schemas import procs
@@ -202,7 +202,8 @@ class Capture(TaskRunner):
 
 RUNNERS: dict[str, type[TaskRunner]] = {
     "iperf3_server": Iperf3Server, "iperf3_client": Iperf3Client, "capture": Capture,
-    "tcp_probe": TcpProbe, "qdisc_stats": QdiscStats, "ss_sample": SsSample, "cpu_load": CpuLoad,
+    "tcp_probe": TcpProbe, "queue_trace": QueueTrace, "qdisc_stats": QdiscStats, "ss_sample": SsSample,
+    "cpu_load": CpuLoad,
     "kernel_trace": KernelTrace,
     "event": EventRunner,
     "app_writer": AppWriter, "app_sink": AppSink, "bulk_sender": BulkSender,

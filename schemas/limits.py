@@ -23,3 +23,6 @@ MIN_APP_WRITE_INTERVAL_NS = 100_000
 MAX_APP_WRITE_BYTES = 1 << 20
 # bulk sender: the flows one sender process holds (the flows of one host that start at one instant)
 MAX_BULK_FLOWS = 1024
+# a tracefs instance's per-CPU ring buffer (queue traces): 256 MiB a CPU holds ~10 M events, an hour of a
+# 1 Gbit/s egress at 1500 B; more is memory the host's own work needs
+MAX_TRACE_BUFFER_KIB = 262_144

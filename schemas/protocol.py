@@ -31,6 +31,7 @@ from schemas.tasks import (  # noqa: F401 - the task kinds are part of the proto
     Iperf3ServerTask,
     KernelTraceTask,
     QdiscStatsTask,
+    QueueTraceTask,
     SsSampleTask,
     Task,
     TcpProbeTask,

@@ -14,7 +14,8 @@ from schemas.strings import InterfaceName, IPAddress
 
 __all__ = ["AppSinkTask", "AppWriterTask", "BulkFlow", "BulkSenderTask",
            "CaptureTask", "CpuLoadTask", "EventTask", "Iperf3ClientTask",
-           "Iperf3ServerTask", "KernelTraceTask", "QdiscStatsTask", "SsSampleTask", "Task", "TcpProbeTask"]
+           "Iperf3ServerTask", "KernelTraceTask", "QdiscStatsTask", "QueueTraceTask", "SsSampleTask", "Task",
+           "TcpProbeTask"]
 
 
 class _TaskBase(_Msg):
@@ -54,6 +55,17 @@ class TcpProbeTask(_TaskBase):
     ports: list[int] = Field(min_length=1, max_length=limits.MAX_PORTS_PER_SAMPLER)
     stop_ns: int
     buffer_kib: int = Field(default=16384, ge=1024)
+
+
+class QueueTraceTask(_TaskBase):
+    """net:net_dev_queue and net:net_dev_xmit on one interface, in a private tracefs instance: when each packet
+    entered the interface's qdisc chain and when the driver took it (M-QDELAY at a sender's own egress)."""
+
+    kind: Literal["queue_trace"] = "queue_trace"
+    interface: InterfaceName
+    stop_ns: int
+    buffer_kib: int = Field(default=16384, ge=1024, le=limits.MAX_TRACE_BUFFER_KIB,
+                            description="per-CPU ring buffer of the instance")
 
 
 class QdiscStatsTask(_TaskBase):
@@ -187,7 +199,7 @@ class BulkSenderTask(_TaskBase):
 
 
 Task = Annotated[
-    Iperf3ServerTask | Iperf3ClientTask | CaptureTask | TcpProbeTask | QdiscStatsTask | SsSampleTask
+    Iperf3ServerTask | Iperf3ClientTask | CaptureTask | TcpProbeTask | QueueTraceTask | QdiscStatsTask | SsSampleTask
     | CpuLoadTask | KernelTraceTask | EventTask | AppWriterTask | AppSinkTask | BulkSenderTask,
     Field(discriminator="kind"),
 ]

@@ -109,6 +109,18 @@ def flow_processes(spec: RunSpec) -> int:
     return max(count.values(), default=0)
 
 
+def egress_queue_sites(spec: RunSpec) -> list[tuple[str, str]]:
+    """(host, toward) of every qdisc chain on a sender's own egress that a capture follows (pure): no capture
+    can see packets enter such a queue, so the queue's tracepoints time them (M-QDELAY, method (a)) and the
+    capture after it names their flows."""
+    senders = set(spec.senders)
+    return sorted({(cp.link.host, cp.link.toward) for cp in spec.captures if cp.link.host in senders
+                   and spec.hosts[cp.link.host].qdiscs.get(cp.link.toward)})
+
+
+QUEUE_TRACEPOINTS = ("net:net_dev_queue", "qdisc:qdisc_dequeue", "net:net_dev_xmit")
+
+
 FLOW_TASK_KINDS = ("iperf3_client", "app_writer", "bulk_sender")
 
 
@@ -159,6 +171,9 @@ def schedule_tasks(spec: RunSpec, inv: Inventory, tl: Timeline,
         tasks[cp.link.host].append(protocol.CaptureTask(task_id=f"capture-{i}", start_ns=tl.start_ns,
                                                         stop_ns=tl.stop_ns, interface=iface,
                                                         snaplen=cp.snaplen))
+    for i, (host, toward) in enumerate(egress_queue_sites(spec)):
+        tasks[host].append(protocol.QueueTraceTask(task_id=f"queue-trace-{i}", start_ns=tl.start_ns,
+                                                   stop_ns=tl.stop_ns, interface=inv.hosts[host].iface_toward(toward)))
     for i, link in enumerate(spec.qdisc_stats):
         iface = inv.hosts[link.host].iface_toward(link.toward)
         tasks[link.host].append(protocol.QdiscStatsTask(task_id=f"qdisc-{i}", start_ns=tl.start_ns,

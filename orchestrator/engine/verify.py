@@ -6,6 +6,7 @@ parameter is compared with what the kernel reports, and each mismatch is named.
 from __future__ import annotations
 
 from orchestrator.engine import ack_policy, hostchecks
+from orchestrator.engine.bind import QUEUE_TRACEPOINTS, egress_queue_sites
 from orchestrator.engine.event_tasks import event_problems
 from orchestrator.engine.ktrace import kernel_trace_problems, kernel_trace_unsupported
 from orchestrator.plan import RunSpec
@@ -198,6 +199,14 @@ def capability_problems(spec: RunSpec, caps: dict[str, protocol.Capabilities]) -
         c = caps.get(role)
         problems += [f"host {role} (kernel {c.kernel_release}) lacks {what}"
                      for asked, has, what in sender_needs if c and asked and not has(c)]
+    for role, toward in egress_queue_sites(spec):
+        c = caps.get(role)
+        missing = [tp for tp in QUEUE_TRACEPOINTS if c and tp not in c.tracepoints]
+        if missing:
+            s = "s" if len(missing) > 1 else ""
+            problems.append(f"host {role} (kernel {c.kernel_release}) lacks tracepoint{s} {', '.join(missing)}: "
+                            f"the queue toward {toward} is on its own egress, where only they time a packet's "
+                            "wait (M-QDELAY)")
     return sorted(set(problems))
 
 

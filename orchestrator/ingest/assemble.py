@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from orchestrator.ingest import egress_qdelay as egress
 from orchestrator.ingest import qdelay
 from orchestrator.ingest.appflows import app_write_rows, writer_port
 from orchestrator.ingest.bulkflows import bulk_flow_values, sender_logs, sender_port
@@ -88,6 +89,44 @@ def netem_delay_ns(spec: RunSpec, host: str, toward: str) -> int:
     return sum(int(getattr(s, "delay_ns", 0)) for s in stages if getattr(s, "kind", "") == "netem")
 
 
+_EGRESS = np.dtype([("ts_ns", "i8"), ("ip_len", "i4"), ("payload_len", "i4"), ("ecn", "i2"), ("conn_id", "i4")])
+
+
+def egress_qdelay(spec: RunSpec, flow_rows: list[dict], captures: list[_Capture], conns: ConnRegistry,
+                  traces: list[tuple[str, str, np.ndarray]]) -> tuple[list[tuple[str, np.ndarray]], list[dict]]:
+    """QDELAY arrays and qdelay_pair rows from each queue trace (host, interface, events) and the capture on the
+    same interface (M-QDELAY method (a), orchestrator/ingest/egress_qdelay.py)."""
+    by_iface = {(c.host, c.interface): c for c in captures}
+    out, pairs = [], []
+    for host, iface, events in traces:
+        cap = by_iface.get((host, iface))
+        if cap is None:
+            continue
+        toward = cap.label.removeprefix(f"{host}:to-")
+        ends = {(r["src_addr"], r["dst_addr"]): (addr.packed(r["src_addr"]), addr.packed(r["dst_addr"]))
+                for r in flow_rows if r["src_host"] == host and r["dst_host"] == toward}
+        parts = []
+        for chunk in PcapReader(cap.path, cap.point_id):
+            ids, m = conns.ids(chunk), np.zeros(len(chunk), bool)
+            for src, dst in ends.values():
+                m |= qdelay.direction(chunk, src, dst)
+            part = np.empty(int(m.sum()), _EGRESS)
+            for n in _EGRESS.names[:-1]:
+                part[n] = chunk[n][m]
+            part["conn_id"] = ids[m]
+            parts.append(part)
+        packets = np.concatenate(parts) if parts else np.empty(0, _EGRESS)
+        packets = packets[np.argsort(packets["ts_ns"], kind="stable")]
+        soj = egress.trace_xmits(events)
+        netem = netem_delay_ns(spec, host, toward)
+        rows, unmatched = egress.attach(soj.rows, packets, netem)
+        out.append((cap.label, rows))
+        pairs.append({"ingress": f"{host}:{iface} net_dev_queue", "egress": cap.label, "d_fwd_ns": 0,
+                      "d_fwd_source": "tracepoints", "netem_ns": netem, "matched": int(rows.size),
+                      "dropped": soj.dropped, "ce": int(rows["ce"].sum()), "unmatched_egress": unmatched})
+    return out, pairs
+
+
 def paired_qdelay(spec: RunSpec, flow_rows: list[dict], captures: list[_Capture],
                   conns: ConnRegistry) -> tuple[list[tuple[str, np.ndarray]], list[dict]]:
     """QDELAY arrays and qdelay_pair rows for every host that captured toward both ends of a flow."""
@@ -120,7 +159,7 @@ def assemble(spec: RunSpec, record: RunRecord, run_dir: Path) -> RunIngest:
     """The RunIngest of a complete run: every artifact the agents announced, parsed and labelled. Raises
     ArtifactError naming the host, file and (through the parser) the line a parser refused."""
     flow_rows, point_names = record.flows, record.points
-    probes, qdisc, iperf, ss, art_rows, ktrace, events = [], [], [], [], [], [], []
+    probes, qdisc, iperf, ss, art_rows, ktrace, events, queue_traces = [], [], [], [], [], [], [], []
     captures: list[_Capture] = []
     extra: dict[str, dict] = {}
     port_to_flow = {f.port: f.flow_id for f in spec.flows}
@@ -139,6 +178,10 @@ def assemble(spec: RunSpec, record: RunRecord, run_dir: Path) -> RunIngest:
                     extra[point] = {"host": host, "interface": iface, **{k: meta.get(k) for k in CAPTURE_COUNTS}}
                 elif kind == "tcp_probe":
                     probes.append((host, parse_tcp_probe(path.read_text(), trace_offset_ns(meta))))
+                elif kind == "queue_trace":
+                    iface = info["name"].removeprefix("queue-trace-").removesuffix(".trace")
+                    queue_traces.append((host, iface, egress.parse_queue_trace(path.read_text(),
+                                                                                trace_offset_ns(meta))))
                 elif kind == "ss":
                     ss.append((host, parse_ss(path.read_text())))
                 elif kind == "qdisc_stats":
@@ -164,6 +207,8 @@ def assemble(spec: RunSpec, record: RunRecord, run_dir: Path) -> RunIngest:
     flow_rows = [{**r, **bulk.get(r["flow_id"], {})} for r in flow_rows]
     conns = ConnRegistry()
     qd, pairs = paired_qdelay(spec, flow_rows, captures, conns)
+    more, more_pairs = egress_qdelay(spec, flow_rows, captures, conns, queue_traces)
+    qd, pairs = qd + more, pairs + more_pairs
     packets = [(c.label, PcapReader(c.path, c.point_id)) for c in captures]
     return RunIngest(run=record.run, plan=record.plan, flows=flow_rows, artifacts=art_rows, evidence=record.evidence,
                      hosts=host_rows(spec, record.evidence), packets=packets, capture_points=extra, conns=conns,

@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from orchestrator.ingest.tracetext import hex_column, trace_ns
 from orchestrator.storage import records
 
 _ADDR = r"(?:\[([0-9a-fA-F:.]+)\]|(\d+\.\d+\.\d+\.\d+)):(\d+)"
@@ -94,11 +95,6 @@ _FIELDS = ("family", "src", "dest", "mark", "data_len", "snd_nxt", "snd_una", "s
            "srtt", "rcv_wnd", "sock_cookie")
 _DECIMAL = {"data_len": "data_len", "snd_cwnd": "snd_cwnd", "ssthresh": "ssthresh", "snd_wnd": "snd_wnd",
             "srtt": "srtt_us", "rcv_wnd": "rcv_wnd"}
-_HEX_DIGITS = np.full(256, 255, dtype=np.uint8)
-_HEX_DIGITS[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16)
-_HEX_DIGITS[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16)
-
-
 def _columns(text: str) -> dict[str, np.ndarray] | None:
     """Every event's fields as numpy columns named as in records.TCP_PROBE (ts_ns in the trace clock), in one
     pass of Arrow's string kernels (a 5 s run's trace is ~35k events, 10 MB: the regex over Python strings took
@@ -127,7 +123,7 @@ def _columns(text: str) -> dict[str, np.ndarray] | None:
         cols = {out: pc.cast(raw[key], pa.int64()).to_numpy() for key, out in _DECIMAL.items()}
         if any((col < 0).any() for col in cols.values()):   # the kernel prints these unsigned
             return None
-        cols["ts_ns"] = _trace_ns(pc.cast(pc.list_element(sec_frac, 0), pa.int64()).to_numpy(),
+        cols["ts_ns"] = trace_ns(pc.cast(pc.list_element(sec_frac, 0), pa.int64()).to_numpy(),
                                   pc.list_element(sec_frac, 1))
         for side, key in (("s", "src"), ("d", "dest")):
             addr_port = pc.split_pattern(raw[key], ":", max_splits=1, reverse=True)
@@ -136,39 +132,11 @@ def _columns(text: str) -> dict[str, np.ndarray] | None:
     except (pa.ArrowInvalid, ValueError):
         return None
     for key in ("snd_nxt", "snd_una", "sock_cookie"):
-        value = _hex(pc.replace_substring_regex(raw[key], "^0x", ""))
+        value = hex_column(pc.replace_substring_regex(raw[key], "^0x", ""))
         if value is None:
             return None
         cols[key] = value if key == "sock_cookie" else value.astype(np.int64)
     return cols
-
-
-def _trace_ns(sec: np.ndarray, frac: pa.Array) -> np.ndarray:
-    """Trace timestamps in integer ns: seconds and fraction digits combined exactly.
-
-    Time clocks (local, global, mono, mono_raw, boot, tai) print `sec.µs`; counter clocks (counter,
-    x86-tsc) print bare integers that are not seconds, so they have no fraction and are refused above.
-    """
-    whole = sec * 1_000_000_000
-    widths = pc.utf8_length(frac).to_numpy()
-    digits = pc.cast(frac, pa.int64()).to_numpy()
-    if widths.min() == widths.max() and widths[0] <= 9:  # the usual case: one width for the whole file
-        return whole + digits * 10 ** (9 - int(widths[0]))
-    return whole + np.array([int(f) * 10 ** (9 - len(f)) if len(f) <= 9 else round(int(f) / 10 ** (len(f) - 9))
-                             for f in frac.to_pylist()], dtype=np.int64)
-
-
-def _hex(col: pa.Array) -> np.ndarray | None:
-    """Unsigned hex strings (at most 16 digits) as uint64, without a Python int per value; None if one is not."""
-    if len(col) and pc.max(pc.utf8_length(col)).as_py() > 16:
-        return None
-    padded = pc.utf8_lpad(col, 16, "0")
-    start = int(np.frombuffer(padded.buffers()[1], np.int32)[padded.offset])   # every value is 16 bytes now
-    nibbles = _HEX_DIGITS[np.frombuffer(padded.buffers()[2], np.uint8)[start: start + 16 * len(col)]]
-    if (nibbles == 255).any():
-        return None
-    return (nibbles.reshape(-1, 16).astype(np.uint64) << (np.arange(60, -4, -4, dtype=np.uint64))).sum(
-        axis=1, dtype=np.uint64)
 
 
 def _addresses(col: pa.Array) -> np.ndarray:
