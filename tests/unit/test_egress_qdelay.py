@@ -77,3 +77,16 @@ def test_a_line_in_another_format_is_refused_naming_the_event():
     bad = "  iperf3-1 [000] b.... 10.000001: net_dev_xmit: dev=x skb=00ff len=1514 rc=0\n"
     with pytest.raises(eg.QueueTraceFormatError, match="net_dev_xmit"):
         eg.parse_queue_trace(bad, 0)
+
+
+def test_a_queue_is_traced_where_a_sender_captures_behind_its_own_chain_and_nowhere_else():
+    from orchestrator.engine.bind import egress_queue_sites
+    from orchestrator.plan import expand, load_plan
+
+    root = Path(__file__).resolve().parents[2]
+    (egress,) = expand(load_plan(root / "tests" / "plans" / "lab_sender_egress.yaml"))
+    assert egress_queue_sites(egress) == [("sender", "receiver")]
+    lsaimd = expand(load_plan(root / "experiments" / "lsaimd" / "table-5-1.yaml"))[0]
+    assert egress_queue_sites(lsaimd) == [("sender", "receiver")]
+    quickstart = expand(load_plan(root / "experiments" / "quickstart.yaml"))[0]
+    assert egress_queue_sites(quickstart) == []          # the bottleneck is on the aqm: paired captures time it
