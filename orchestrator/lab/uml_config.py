@@ -29,7 +29,8 @@ CONTROL_BRIDGE = "ctl"
 CONTROL_HOST_OCTET = 254          # the wire namespace's address on the control bridge
 AGENT_PORT = 7100                 # every host's agent, on its own control address
 EXEC_PORT = 7101                  # every host's exec port (`tcplab lab exec`), token-checked
-DATA_MTU = 9000                   # host-side taps and bridges: the guests' own MTU is the only limit
+DATA_MTU = 9000                   # taps, bridges and the guests' data NICs: the most a plan's MTU may be
+GUEST_DEFAULT_MTU = 1500          # a data NIC's MTU after boot
 # a UML host's memory is a file of the machine's, touched page by page: the size is a bound, not a cost. Half of
 # it is the tmpfs the agent's artifacts go to (captures of a 1 Gbit/s run took more than 192 MB)
 MEMORY_MB = 1536
@@ -131,6 +132,11 @@ def host_config(topo: Topology, role: str, module_dirs: Iterable[str] = ()) -> d
     cfg = guest_config(topo, role, AGENT_PORT, lab_macs(topo), module_dirs,
                        control=(control_mac(topo, role), control_addr(topo, role)), clock=False, exec_port=EXEC_PORT)
     cfg["agent"] += ["--trace-prefix", topo.prefix]
+    # the data NICs are configured for DATA_MTU (their buffers, and the most a plan may set) and start at
+    # Ethernet's 1500, what a host without a plan's MTU has
+    for ifc in cfg["interfaces"]:
+        if ifc["ifname"] != "ctl":
+            ifc["mtu"] = GUEST_DEFAULT_MTU
     # IPv4 only: no router solicitations, MLD or link-local routes on the data links (they would appear in
     # captures, and a route born after the agent's baseline would read as a reset left undone)
     cfg["sysctls"] = {"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1",
@@ -145,7 +151,9 @@ def uml_argv(binary: Path, topo: Topology, role: str, state_dir: Path, init: Pat
     words = [f"umid={umid(topo.prefix, role)}", f"uml_dir={state_dir / 'uml'}", f"mem={memory_mb}M",
              "root=/dev/root", "rootfstype=hostfs", "rootflags=/", "ro", f"init={init}"]
     # depth: the vector ring per queue; gro off so the aqm's qdisc sees wire packets, as a router would
+    # mtu: a data NIC's buffers and its largest MTU (uml-vector-max-mtu.patch), so plans may set jumbo frames
     words += [f"vec{i}:transport=tap,ifname={nic.tap},depth=128,gro=0,mac={nic.mac}"
+              + ("" if nic.bridge == CONTROL_BRIDGE else f",mtu={DATA_MTU}")
               for i, nic in enumerate(host_nics(topo, role))]
     words += ["con=null", "con0=null,fd:1", "ssl=null", "quiet"]
     words += [f"{k}={v}" for k, v in env.items()]

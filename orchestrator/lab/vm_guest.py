@@ -41,6 +41,8 @@ def setup_argv(cfg: dict, names_by_mac: dict[str, str]) -> list[list[str]]:
             raise SystemExit(f"tcplab-guest: no interface with MAC {ifc['mac']} (have {names_by_mac})")
         if current != ifc["ifname"]:
             cmds.append(["ip", "link", "set", "dev", current, "name", ifc["ifname"]])
+        if "mtu" in ifc:
+            cmds.append(["ip", "link", "set", "dev", ifc["ifname"], "mtu", str(int(ifc["mtu"]))])
         cmds.append(["ip", "addr", "add", f"{ifc['addr']}/{ifc['plen']}", "dev", ifc["ifname"]])
         cmds.append(["ip", "link", "set", "dev", ifc["ifname"], "up"])
         for addr, mac in ifc.get("neighbours", []):

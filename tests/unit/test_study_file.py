@@ -142,3 +142,20 @@ def test_tcplab_run_finds_the_arms_a_profile_makes_identical_without_a_declared_
     lsaimd = load_plan(EXP / "lsaimd" / "table-5-1.yaml")     # its arms differ in CC, queue and kernel patches
     assert erased_by_profile(expand(lsaimd), expand(lsaimd, profile=load_profile(
         EXP / "profiles" / "uml-lab.yaml"))) == []
+
+
+def test_the_project_modules_the_study_plans_name_are_where_they_say():
+    """A variant's `modules:` path is relative to its plan; the project's own modules live in
+    experiments/modules/ (the studies' modules that are not in this repository are named, not shipped)."""
+    from tests.support.shipped import STUDY_PLANS
+
+    project = {p.name for p in (EXP / "modules").iterdir() if p.is_dir()}
+    named = []
+    for path in STUDY_PLANS:
+        plan = load_plan(path)
+        for variant in plan.kernels.values():
+            for m in variant.modules:
+                if Path(m).name in project:
+                    named.append((path.name, m))
+                    assert (path.parent / m).resolve() == (EXP / "modules" / Path(m).name).resolve(), (path, m)
+    assert len(named) >= 10

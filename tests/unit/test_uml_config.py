@@ -81,7 +81,12 @@ def test_uml_argv_runs_in_the_lab_namespace_with_its_prefixed_umid():
     assert "umid=tl-aqm" in argv and "uml_dir=/run/x/uml" in argv and "ro" in argv
     nics = host_nics(CHAIN, "aqm")
     assert [w for w in argv if w.startswith("vec")] == [
-        f"vec{i}:transport=tap,ifname={n.tap},depth=128,gro=0,mac={n.mac}" for i, n in enumerate(nics)]
+        f"vec{i}:transport=tap,ifname={n.tap},depth=128,gro=0,mac={n.mac}" + ("" if n.bridge == "ctl" else ",mtu=9000")
+        for i, n in enumerate(nics)]
+    assert [n.bridge for n in nics].count("ctl") == 1 and len(nics) == 3      # two data NICs can take jumbo frames
+    cfg = host_config(CHAIN, "aqm")
+    assert {i["ifname"]: i.get("mtu") for i in cfg["interfaces"]} == {"to-client": 1500, "to-server": 1500,
+                                                                      "ctl": None}
     assert "TCPLAB_KEEP=/tmp/clone" in argv and not any(w.startswith("TCPLAB_MODULES") for w in argv)
     with pytest.raises(LabError, match="without spaces"):
         uml_argv(Path("/usr/bin/linux.uml"), CHAIN, "aqm", Path("/run/my lab"), Path("/repo/init.sh"), env)
@@ -132,3 +137,15 @@ def test_a_kernel_too_old_for_the_cpus_xsave_area_is_named_with_the_fix():
     hint = console_hint(tail)
     assert hint is not None and "uml-host-xstate.patch" in hint and "tcplab kernel uml --build" in hint
     assert console_hint("Kernel panic - not syncing: VFS: Unable to mount root fs") is None
+
+
+def test_a_uml_hosts_data_nics_start_at_1500_before_they_take_addresses():
+    from orchestrator.lab import vm_guest
+
+    cfg = host_config(CHAIN, "aqm")
+    names = {i["mac"].lower(): f"eth{n}" for n, i in enumerate(cfg["interfaces"])}
+    cmds = vm_guest.setup_argv(cfg, names)
+    mtu = [c for c in cmds if "mtu" in c]
+    assert mtu == [["ip", "link", "set", "dev", "to-client", "mtu", "1500"],
+                   ["ip", "link", "set", "dev", "to-server", "mtu", "1500"]]
+    assert cmds.index(mtu[0]) < cmds.index(next(c for c in cmds if c[:3] == ["ip", "addr", "add"]))
