@@ -26,6 +26,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from orchestrator.agent_client import AgentClient, AgentError, AgentUnreachable
 from orchestrator.engine import bind, capcache, hostchecks, marker, preflight, timing, verify
+from orchestrator.engine.agent_ops import apply_when_free
 from orchestrator.engine.appbind import app_start_lead_ns
 from orchestrator.engine.provenance import Provenance
 from orchestrator.engine.stopping import Hooks, finish_hosts, timed, wait_flows_over
@@ -261,8 +262,8 @@ class RunEngine:
             evidence = [{"host": r, "phase": "hello", "data": self.hellos[r].model_dump(mode="json")}
                         for r in states]
             self.on_phase(spec.run_id, "apply")
-            applied = await self._each(states, lambda r, c: c.apply(protocol.ApplyArgs(run_id=spec.run_id,
-                                                                                       state=states[r])))
+            applied = await self._each(states, lambda r, c: apply_when_free(
+                c, protocol.ApplyArgs(run_id=spec.run_id, state=states[r])))
             diffs = []
             for role, res in applied.items():
                 evidence.append({"host": role, "phase": "apply", "data": res.readback.model_dump(mode="json")})
