@@ -23,6 +23,7 @@ from agents.sockets import CLOSE_POLL_S, listening, open_connections, wait_for
 from agents.taskbase import TaskRunner
 from schemas import procs
 from schemas.iperf3_output import split_leading_warnings
+from schemas.tasks import iperf3_connect_timeout_ms
 
 
 class _ProcessTask(TaskRunner):
@@ -82,7 +83,7 @@ class Iperf3Client(_ProcessTask):
     def argv(self) -> list[str]:
         s = self.spec
         argv = ["iperf3", "-c", s.dst_addr, "-p", str(s.port), "-J", "-i", f"{s.interval_s:g}",
-                "--connect-timeout", str(connect_timeout_ms(s.duration_s))]
+                "--connect-timeout", str(iperf3_connect_timeout_ms(s.duration_s))]
         argv += ["-n", str(s.bytes)] if s.bytes else ["-t", f"{s.duration_s:g}"]
         argv += ["-u", "-b", str(s.udp_rate_bit)] if s.udp_rate_bit else ["-C", s.cc]
         return argv + (["-N"] if s.nodelay else [])
@@ -132,14 +133,6 @@ READY_WAIT_S = 5.0      # how long a server's listening socket is looked for (it
 CLOSE_WAIT_S = 3.0      # how long a client task waits for its flow's connections to close after iperf3 exits
 CONNECT_GRACE_NS = 1_000_000_000
 CONNECT_RETRY_S = 0.05
-
-
-def connect_timeout_ms(duration_s: float) -> int:
-    """How long an iperf3 client waits for its connection: a quarter of its duration, 3-15 s. Long enough for
-    the kernel's SYN retransmissions at 1, 3 and 7 s: a flow joining a queue whose average sits above a RED
-    maximum loses every SYN there (a SYN is not ECN-capable) and would otherwise fail the run instead of
-    starting late, which M-STARTSKEW shows."""
-    return int(min(15_000, max(3_000, duration_s * 250)))
 
 
 def retry_connect(error: str | None, sent: bool, since_start_ns: int) -> bool:

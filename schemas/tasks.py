@@ -42,6 +42,15 @@ class Iperf3ClientTask(_TaskBase):
     nodelay: bool = Field(default=False, description="TCP_NODELAY (iperf3 -N)")
 
 
+def iperf3_connect_timeout_ms(duration_s: float) -> int:
+    """How long an iperf3 client waits for its connection: half its duration, 3-30 s. Long enough for the
+    kernel's SYN retransmissions at 1, 3, 7 and 15 s: a flow joining a queue whose average sits above a RED
+    maximum loses every SYN there (a SYN is not ECN-capable; LS-AIMD 3A and 4E lost them for more than 10 s)
+    and would otherwise fail the run instead of starting late, which M-STARTSKEW shows. The engine's tail bound
+    covers it, so a client that connected late still ends before the passive tasks are stopped."""
+    return int(min(30_000, max(3_000, duration_s * 500)))
+
+
 class CaptureTask(_TaskBase):
     kind: Literal["capture"] = "capture"
     interface: InterfaceName

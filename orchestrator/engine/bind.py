@@ -18,6 +18,7 @@ from orchestrator.inventory import Inventory
 from orchestrator.plan import RunSpec
 from schemas import protocol
 from schemas.hoststate import HostState, InterfaceState
+from schemas.tasks import iperf3_connect_timeout_ms
 
 # The defaults (the engine sizes both per run from measurements, engine/timing.py): iperf3 servers must listen
 # before the clients connect, and a loaded TCG guest once took more than 0.7 s to start one (the client got
@@ -107,6 +108,13 @@ def flow_processes(spec: RunSpec) -> int:
     for f in spec.flows:
         count[f.src] = count.get(f.src, 0) + 1 if f.tool not in CHILD_TOOLS else 1
     return max(count.values(), default=0)
+
+
+def connect_allowance_ns(spec: RunSpec) -> int:
+    """How late an iperf3 flow of this run may connect and still run its whole duration (pure): its client's
+    connect timeout (schemas/tasks.py), the longest among the run's iperf3 flows; 0 without any."""
+    return max((iperf3_connect_timeout_ms(f.duration_s) * 1_000_000 for f in spec.flows
+                if f.tool in ("iperf3", "udp")), default=0)
 
 
 def egress_queue_sites(spec: RunSpec) -> list[tuple[str, str]]:

@@ -345,7 +345,7 @@ class RunEngine:
         m = timing.size_margins(floors, rtts_ns, self.history.schedule_ns,
                                 self.history.ready_ns, base_rtt_ns=int((spec.derived.base_rtt_us or 0) * 1000))
         m = timing.lead_for_processes(m, floors, bind.passive_processes(spec))
-        m = timing.tail_for_processes(m, floors, bind.flow_processes(spec))
+        m = timing.tail_for_processes(m, floors, bind.flow_processes(spec), bind.connect_allowance_ns(spec))
         if app_start_lead_ns(spec):   # an app-limited writer connects 0.8 s after the captures start, before T0
             m = replace(m, lead_ns=max(m.lead_ns, bind.LEAD_NS))
         return m

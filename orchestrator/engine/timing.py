@@ -104,12 +104,13 @@ def lead_for_processes(m: Margins, floors: Floors, processes: int) -> Margins:
     return m if m.lead_ns >= need else Margins(m.schedule_ns, need, m.grace_ns, m.tail_max_ns, m.early_stop)
 
 
-def tail_for_processes(m: Margins, floors: Floors, processes: int) -> Margins:
-    """The tail bound, at least the floor's plus twice per_process_ns for each flow process one host starts
-    (pure). An iperf3 client runs its duration from its own start, so one that started late ends late: on a UML
-    host the 8th of 8 staggered clients started more than 2 s late and was stopped before it wrote its report.
-    With early stop the bound costs nothing when the flows end in time."""
-    need = floors.tail_max_ns + 2 * floors.per_process_ns * processes
+def tail_for_processes(m: Margins, floors: Floors, processes: int, late_ns: int = 0) -> Margins:
+    """The tail bound, at least the floor's plus twice per_process_ns for each flow process one host starts,
+    plus `late_ns`, how late a flow may begin and still run its whole duration (pure). An iperf3 client runs
+    its duration from its own start, so one that started late ends late: on a UML host the 8th of 8 staggered
+    clients started more than 2 s late and was stopped before it wrote its report; a client whose SYNs a RED
+    queue dropped connects seconds late. With early stop the bound costs nothing when the flows end in time."""
+    need = floors.tail_max_ns + 2 * floors.per_process_ns * processes + late_ns
     return m if m.tail_max_ns >= need else Margins(m.schedule_ns, m.lead_ns, m.grace_ns, need, m.early_stop)
 
 

@@ -60,6 +60,9 @@ def test_a_host_starts_one_bulk_process_but_one_iperf3_client_per_flow() -> None
     (iperf3,) = expand(load_plan_text(PLAN.replace("tool: bulk", "tool: iperf3").replace("EXTRA", ""), "t.yaml"))
     assert (flow_processes(bulk), flow_processes(iperf3)) == (1, 4)
     assert (passive_processes(bulk), passive_processes(iperf3)) == (0, 4)
+    from orchestrator.engine.bind import connect_allowance_ns
+
+    assert (connect_allowance_ns(bulk), connect_allowance_ns(iperf3)) == (0, 5_000_000_000)   # 10 s flows
 
 
 def test_one_sender_per_host_and_start_instant_and_a_sink_per_flow() -> None:

@@ -158,14 +158,15 @@ def test_a_refused_connection_is_retried_only_early_and_only_before_sending() ->
 def test_a_client_waits_for_its_syn_retransmissions_before_it_gives_up() -> None:
     """Literal output of iperf3 3.12 -J in a UML lab host: the 8th of 8 staggered Reno flows (LS-AIMD 3A) joined
     a RED-ECN queue whose average sat above its maximum, which drops every SYN (not ECN-capable), and gave up
-    after the 3 s it was then allowed: a run failed. The timeout now covers the SYN retransmissions at 1, 3
-    and 7 s for flows long enough to afford them."""
-    from agents.tasks import connect_timeout_ms, iperf3_json_error, retry_connect
+    after the 3 s it was then allowed: a run failed. The timeout now covers the SYN retransmissions at 1, 3, 7
+    and 15 s for flows long enough to afford them."""
+    from agents.tasks import iperf3_json_error, retry_connect
+    from schemas.tasks import iperf3_connect_timeout_ms
 
     error, sent = iperf3_json_error((FIX.parent / "iperf3" / "client-syn-timeout-uml.json").read_bytes())
     assert error == "unable to connect to server: Connection timed out" and not sent
     assert not retry_connect(error, sent, 0)          # a timeout is not a server that was not listening yet
-    assert [connect_timeout_ms(d) for d in (5, 12, 40, 600)] == [3_000, 3_000, 10_000, 15_000]
+    assert [iperf3_connect_timeout_ms(d) for d in (5, 12, 40, 600)] == [3_000, 6_000, 20_000, 30_000]
 
 
 def test_a_client_json_the_parser_refuses_leaves_its_flow_without_a_port_not_the_run_without_rows(tmp_path):

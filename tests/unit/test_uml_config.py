@@ -123,6 +123,8 @@ def test_the_tail_bound_grows_with_the_flow_processes_a_uml_host_starts():
     assert timing.tail_for_processes(m, uml, 8).tail_max_ns == uml.tail_max_ns + 16 * uml.per_process_ns
     assert timing.tail_for_processes(m, uml, 8).lead_ns == m.lead_ns
     assert timing.tail_for_processes(m, uml, 0) == m
+    late = timing.tail_for_processes(m, uml, 1, late_ns=20_000_000_000)     # a 40 s iperf3 flow may connect 20 s late
+    assert late.tail_max_ns == uml.tail_max_ns + 2 * uml.per_process_ns + 20_000_000_000
     n = timing.size_margins(netns_, [100_000], [], [])
     assert timing.tail_for_processes(n, netns_, 16) == n
 
