@@ -66,7 +66,13 @@ class StudyLabs:
             return None
         if not was_up:
             self.started = req.kind
-        self.console.print(f"plan {plan_path.name}: {req.kind} lab with {', '.join(inv['hosts'])}", markup=False)
+        kernel = (inv.get("uml") or {}).get("kernel") or {}
+        on = f" on {kernel['release']} ({kernel['source']})" if kernel else ""
+        self.console.print(f"plan {plan_path.name}: {req.kind} lab with {', '.join(inv['hosts'])}{on}", markup=False)
+        if kernel and not kernel.get("tracing"):
+            self.console.print("this UML kernel has no tracepoints: every run that traces is refused; build the "
+                               "lab's stock kernel first (`tcplab kernel uml --build`, minutes)", style="yellow",
+                               markup=False)
         return inventory_path()
 
 
