@@ -139,7 +139,8 @@ def test_the_stock_variant_is_a_um_build_of_debians_source_with_the_projects_pat
     assert (src.arch, src.config_base, src.package) == ("um", "defconfig", "linux-source-6.1")
     assert [(plan_dir / p).resolve() for p in src.patches] == [
         KERNELS / "patches" / name
-        for name in ("uml-hz-1000.patch", "uml-host-xstate.patch", "uml-kernel-remap.patch", "uml-wallclock.patch")]
+        for name in ("uml-hz-1000.patch", "uml-host-xstate.patch", "uml-kernel-remap.patch", "uml-wallclock.patch",
+                     "uml-vector-max-mtu.patch")]
     assert [(plan_dir / c).resolve() for c in src.config] == [KERNELS / "configs" / "uml-lab.config"]
     assert sorted(Path(m).name for m in variant.modules) == ["sch_aqm_mark", "tcp_dctcp_flaws"]
     assert all((plan_dir / m / "Kbuild").is_file() for m in variant.modules)
