@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 from orchestrator.engine.arm_identity import identical, why_same
 from orchestrator.plan import RunSpec
-from orchestrator.plan.model.units import parse_rate
 from orchestrator.study.model import Comparison, Row, Table, Tolerance
 
 NOT_REPRODUCIBLE = "not reproducible here"
@@ -50,13 +49,12 @@ def erased_comparisons(comparisons: Iterable[Comparison], runs: Sequence[RunSpec
 
 
 def time_stretch(spec: RunSpec) -> float:
-    """How much the profile stretched the path's times in this run (`keep: bdp` scales the rate by a factor f
-    and path times by 1/f): the bottleneck rate as planned over as run, 1.0 without a rate substitution. A
-    queue delay measured in such a run is the study's times this."""
-    sub = next((x for x in spec.substitutions if x.kind == "rate" and x.field == "bottleneck.rate"), None)
-    if sub is None or "keep bdp" not in sub.why:
+    """How much the profile stretched the path's times in this run: `keep: bdp` multiplies the rates by the
+    run's scale factor f (recorded in its ProfileRef) and the path's times by 1/f, each a `time` substitution;
+    1.0 when it stretched none. A queue delay measured in such a run is the study's times this."""
+    if spec.profile is None or not any(x.kind == "time" for x in spec.substitutions):
         return 1.0
-    return parse_rate(sub.was) / parse_rate(sub.now)
+    return 1.0 / spec.profile.scale_factor
 
 
 def aggregate(values: Sequence[float], statistic: str) -> float:

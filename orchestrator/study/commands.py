@@ -72,10 +72,8 @@ def cmd_dry_run(args: argparse.Namespace, console: Console) -> int:
     console.print(f"study {ls.study.name}: {ls.study.title}\nprofile {ls.profile.name} ({ls.profile_path})",
                   markup=False)
     for name, erased in _erased(ls).items():
-        sp = ls.plans[name]
-        console.print(f"plan {name}: {len(sp.runs)} runs selected", markup=False)
-        for e in erased:
-            console.print(f"  NOT REPRODUCIBLE HERE: {e.comparison}: {e.why}", style="bold red", markup=False)
+        console.print(f"plan {name}: {len(ls.plans[name].runs)} runs selected", markup=False)
+        _say_erased(console, erased)
     if args.inventory is None:
         console.print("per-run verdicts need a lab's capabilities: `tcplab study run` brings the labs up; with one "
                       "up, `tcplab study dry-run NAME --inventory PATH`", markup=False)
@@ -93,7 +91,7 @@ def _each_plan(ls, args: argparse.Namespace, console: Console, dry: bool) -> int
         for name, sp in ls.plans.items():
             inventory = labs.inventory_for(sp.path)
             if inventory is None:
-                worst = max(worst, 2)
+                worst = _worse(worst, 2)
                 continue
             rc = asyncio.run(run_plan(sp.path, db_url=args.db, inventory=inventory, results=args.results,
                                       force=False, console=console, progress_factory=args.progress_factory,
@@ -112,26 +110,34 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     ls = _load(args.study, console)
     if ls is None:
         return 2
-    for erased in _erased(ls).values():
-        for e in erased:
-            console.print(f"NOT REPRODUCIBLE HERE: {e.comparison}: {e.why}", style="bold red", markup=False)
+    erased = _erased(ls)
+    for found in erased.values():
+        _say_erased(console, found)
     rc = _each_plan(ls, args, console, dry=False)
-    written = _report(ls, args, console)
-    return rc if written else max(rc, 2)
+    _report(ls, args, console, erased)
+    return rc
 
 
 def cmd_report(args: argparse.Namespace, console: Console) -> int:
     ls = _load(args.study, console)
-    return 2 if ls is None else (0 if _report(ls, args, console) else 2)
+    if ls is None:
+        return 2
+    _report(ls, args, console, _erased(ls))
+    return 0
 
 
-def _report(ls, args: argparse.Namespace, console: Console) -> bool:
+def _say_erased(console: Console, erased: list) -> None:
+    for e in erased:
+        console.print(f"NOT REPRODUCIBLE HERE: {e.comparison}: {e.why}", style="bold red", markup=False)
+
+
+def _report(ls, args: argparse.Namespace, console: Console, erased: dict[str, list]) -> None:
     from orchestrator.storage.db import open_db
     from orchestrator.study.page import study_results, write_study
 
     engine = open_db(args.db)
     try:
-        results = study_results(ls, engine, _erased(ls))
+        results = study_results(ls, engine, erased)
     finally:
         engine.dispose()
     html, csv = write_study(ls, results, Path(args.out))
@@ -141,7 +147,6 @@ def _report(ls, args: argparse.Namespace, console: Console) -> bool:
     console.print(f"study {ls.study.name}: {len(results.cells)} cells: "
                   + ", ".join(f"{n} {v}" for v, n in sorted(summary.items())) + f"\nwrote {html} and {csv}",
                   markup=False)
-    return True
 
 
 def add_parser(sub, console: Console, progress_factory) -> None:
