@@ -1,4 +1,5 @@
-"""G-TASK after the run: an app-limited writer (agents/appwriter.py) that did not keep its schedule.
+"""G-TASK after the run: an app-limited writer (agents/appwriter.py) or a bulk sender (agents/bulksend.py) that
+did not keep its schedule.
 
 A thin-stream run is about what happens to writes made at the plan's instants; its metrics (M-APPLAT, M-APPREAD)
 are measured from each write's real time, but the stream's pattern -- the gaps that decide whether a write finds
@@ -10,10 +11,16 @@ while the connection was coming up, are the flow's start, which the start-skew f
   (analysis/thinstream.late_threshold_ns; the writer spins the last 0.3 ms, so on an idle host it writes within
   a few microseconds);
 - skipped: an instant reached more than half an interval late, which the writer leaves out rather than burst.
+
+A bulk sender's promise is its flows' first data at the start instant, together. Its log says when each flow's
+first send() began, in its own host's clock as the instant it was given; a first send later than
+LATE_RELEASE_NS means the host stalled the sender (or its connects ran past the instant), and the flows started
+when the host let them, not when the plan said.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +30,9 @@ from orchestrator.plan.expansion.runspec import FlowSpec
 from schemas.flag import Flag
 
 MAX_OFF_SCHEDULE = 0.01      # the share of instants that may be late or skipped before the run is flagged
+# On an idle host the first sends come 0.01-0.15 ms after the instant; in a UML host each send() costs ~0.2 ms,
+# so the 16th flow's first send starts ~3 ms after it. Above that the host held the sender back.
+LATE_RELEASE_NS = 5_000_000
 
 
 def off_schedule(rows: np.ndarray, late_ns: float) -> tuple[int, int, int, float]:
@@ -55,3 +65,24 @@ def writer_findings(flows: Sequence[FlowSpec], app_writes: Iterable[tuple[int, n
             evidence={"flow_id": flow_id, "instants": total, "late": late, "skipped": skipped,
                       "worst_late_ms": round(worst, 3), "late_bound_ms": late_ns / 1e6}))
     return flags
+
+
+def bulk_release_findings(flows: Sequence[FlowSpec], sends: dict[int, dict[str, Any]]) -> list[Flag]:
+    """One G-TASK flag per bulk sender host whose flows' first send() began more than LATE_RELEASE_NS after
+    their instant (`sends`: flow_id -> its entry of the sender's log, ingest.bulkflows.sender_logs)."""
+    late: dict[str, list[tuple[int, float]]] = {}
+    for f in flows:
+        entry = sends.get(f.flow_id)
+        if entry is None or entry.get("first_send_ns") is None:
+            continue
+        lateness = int(entry["first_send_ns"]) - int(entry["instant_ns"])
+        if lateness > LATE_RELEASE_NS:
+            late.setdefault(f.src, []).append((f.flow_id, lateness / 1e6))
+    return [Flag(guard="G-TASK", host=host,
+                 message=f"bulk sender: the first data of flows {', '.join(str(i) for i, _ in items)} was sent "
+                         f"{min(ms for _, ms in items):.1f}-{max(ms for _, ms in items):.1f} ms after their start "
+                         f"instant (bound {LATE_RELEASE_NS / 1e6:g} ms): the host held the sender back, the flows "
+                         f"started when it let them",
+                 evidence={"flows": [i for i, _ in items], "late_ms": [round(ms, 3) for _, ms in items],
+                           "late_bound_ms": LATE_RELEASE_NS / 1e6})
+            for host, items in sorted(late.items())]

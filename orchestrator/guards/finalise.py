@@ -16,7 +16,7 @@ from sqlalchemy import Engine
 
 from analysis.metrics.windows import analysis_window
 from orchestrator.guards import ack, clock, cpu, ecn, pre_run, qdisc, ss
-from orchestrator.guards.appwrite import writer_findings
+from orchestrator.guards.appwrite import bulk_release_findings, writer_findings
 from orchestrator.guards.events import event_findings
 from orchestrator.guards.probe import probe_flags
 from orchestrator.ingest.assemble import assemble, clock_offsets, cpu_samples, measured_clock_offsets
@@ -89,12 +89,13 @@ def evidence_guards(record: RunRecord) -> list[Flag]:
 
 def measured_guards(spec: RunSpec, ingest: RunIngest) -> list[Flag]:
     """Guards on the parsed samples: qdisc counters (M-DROP, G-NETEM, G-HTB), ss (G-CC, G-SOCKBUF), the timed
-    events' records (G-FAULT) and the app-limited writers' logs (G-TASK)."""
+    events' records (G-FAULT) and the app-limited writers' and bulk senders' logs (G-TASK)."""
     flags = [f for host, iface, arr in ingest.qdisc_samples for f in qdisc.qdisc_findings(spec, host, iface, arr)]
     ports = {r["flow_id"]: r.get("src_port") for r in ingest.flows}
     flags += [f for host, arr in ingest.ss_samples for check in (ss.ss_cc_findings, ss.ss_sockbuf_findings)
               for f in check(spec, host, arr, ports)]
-    return flags + event_findings(ingest.events) + writer_findings(spec.flows, ingest.app_writes)
+    return (flags + event_findings(ingest.events) + writer_findings(spec.flows, ingest.app_writes)
+            + bulk_release_findings(spec.flows, ingest.bulk_sends))
 
 
 def ack_tally(spec: RunSpec, ingest: RunIngest, t0_ns: int | None) -> tuple[ack.AckTally, ...]:

@@ -201,7 +201,7 @@ def assemble(spec: RunSpec, record: RunRecord, run_dir: Path) -> RunIngest:
     try:
         app_writes = app_write_rows(spec, run_dir, captures, clock_offsets(record))
         bulk = bulk_flow_values(spec, run_dir, record.run.get("t0_ns"), clock_offsets(record))
-        sender_logs(run_dir, spec)   # a bulk sender's log the parser refuses fails the ingest here, named
+        bulk_sends = sender_logs(run_dir, spec)   # a bulk sender's log the parser refuses fails the ingest, named
     except ValueError as exc:   # names the host and file
         raise ArtifactError(str(exc)) from exc
     flow_rows = [{**r, **bulk.get(r["flow_id"], {})} for r in flow_rows]
@@ -214,7 +214,7 @@ def assemble(spec: RunSpec, record: RunRecord, run_dir: Path) -> RunIngest:
                      hosts=host_rows(spec, record.evidence), packets=packets, capture_points=extra, conns=conns,
                      events=events, qdelay=qd, qdelay_pairs=pairs,
                      tcp_probe=probes, qdisc_samples=qdisc, ss_samples=ss, iperf_intervals=iperf,
-                     kernel_trace=ktrace, app_writes=app_writes)
+                     kernel_trace=ktrace, app_writes=app_writes, bulk_sends=bulk_sends)
 
 
 def measured_clock_offsets(record: RunRecord) -> dict[str, int]:

@@ -26,7 +26,8 @@ FLOW_COLUMNS = ("sink_bytes", "sink_goodput_bps", "fct_ns")
 
 
 def parse_bulk_log(text: str) -> dict[int, dict[str, Any]]:
-    """port -> that flow's entry of a bulk sender's log. ValueError naming what is wrong."""
+    """port -> that flow's entry of a bulk sender's log, with the release instant it was given (`instant_ns`,
+    the sender host's clock, as its `first_send_ns`). ValueError naming what is wrong."""
     try:
         log = json.loads(text)
     except ValueError as exc:
@@ -34,6 +35,8 @@ def parse_bulk_log(text: str) -> dict[int, dict[str, Any]]:
     if not isinstance(log, dict) or log.get("format") != LOG_FORMAT:
         raise ValueError(f"not a bulk sender log: `format` is not {LOG_FORMAT!r}")
     flows = log.get("flows")
+    if not isinstance(log.get("first_ns"), int):
+        raise ValueError("`first_ns` (the release instant) is not an integer")
     if not isinstance(flows, list) or not flows:
         raise ValueError("`flows` is not a non-empty list")
     out = {}
@@ -41,7 +44,7 @@ def parse_bulk_log(text: str) -> dict[int, dict[str, Any]]:
         missing = [k for k in FLOW_KEYS if not isinstance(f, dict) or k not in f]
         if missing:
             raise ValueError(f"flows[{i}] has no {', '.join(missing)}")
-        out[int(f["port"])] = f
+        out[int(f["port"])] = {**f, "instant_ns": log["first_ns"]}
     return out
 
 

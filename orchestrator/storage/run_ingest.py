@@ -71,6 +71,7 @@ class RunIngest:
     iperf_intervals: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (flow_id, ..)
     kernel_trace: list[tuple[str, np.ndarray]] = field(default_factory=list)  # (host, KERNEL_TRACE)
     app_writes: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (flow_id, APP_WRITE)
+    bulk_sends: dict[int, dict[str, Any]] = field(default_factory=dict)  # flow_id -> its bulk sender's log entry
     packet_observers: tuple[PacketObserver, ...] = ()   # folds whose flags join the run row before it is written
 
 

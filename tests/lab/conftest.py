@@ -275,19 +275,22 @@ def stored_flags(db) -> dict:
 
 
 def run_lab_plan_unloaded(plan: Path, state_dir: Path, tmp_path: Path, attempts: int = 3,
-                          hosts: tuple[str, ...] | None = None, guards: tuple[str, ...] = ("G-CPULOAD",)):
+                          hosts: tuple[str, ...] | None = None, guards: tuple[str, ...] = ("G-CPULOAD",),
+                          saying: str = ""):
     """run_lab_plan for tests that check numbers against physics: the lab machine is shared (CI, other
     sessions), so a run the framework flags G-CPULOAD -- a core of the hosts' machine saturated during the
     analysis window, so the machine and not the network may have set the numbers -- is run again, up to
     `attempts` times. If every attempt is flagged the test is skipped with the guard's findings as the reason:
     the framework itself declared the numbers invalid, so they can be neither passed nor failed. `hosts`: only
     flags on these hosts count (a VM lab's namespace hosts share the cores with the guests' emulation);
-    `guards`: the flags that invalidate the test's numbers (G-FAULT too for a test that times an event)."""
+    `guards`: the flags that invalidate the test's numbers (G-FAULT too for a test that times an event);
+    `saying`: only flags whose message holds this text count (one finding of a guard with many)."""
     loaded: list[str] = []
     for attempt in range(attempts):
         db = run_lab_plan(plan, state_dir, tmp_path, force=attempt > 0)
         flags = [(run, f) for run, fs in stored_flags(db).items() for f in fs
-                 if f.guard in guards and (hosts is None or set(f.host.split("+")) & set(hosts))]
+                 if f.guard in guards and (hosts is None or set(f.host.split("+")) & set(hosts))
+                 and saying in f.message]
         if not flags:
             return db
         loaded = [f"{run}: {f}" for run, f in flags]

@@ -81,7 +81,9 @@ def test_bulk_flows_start_together_where_iperf3_clients_start_a_process_each(uml
     from sqlalchemy import text
 
     _, state_dir = uml_mech
-    engine = run_lab_plan(BULK_PLAN, state_dir, tmp_path)
+    # a host that stalled through the release (once in a loaded CI run: all four 305-308 ms late, together) is
+    # flagged G-TASK from the sender's own log: that run's skews are the stall's, so it is run again
+    engine = run_lab_plan_unloaded(BULK_PLAN, state_dir, tmp_path, guards=("G-TASK",), saying="bulk sender")
     with engine.connect() as conn:
         rows = conn.execute(text("SELECT tool, start_skew_ns, sink_bytes FROM flow ORDER BY flow_id")).all()
     bulk = [r.start_skew_ns / 1e6 for r in rows if r.tool == "bulk"]

@@ -140,7 +140,8 @@ def test_the_senders_log_and_what_the_sinks_read() -> None:
     assert values["sink_goodput_bps"] == pytest.approx(200_000 * 8e9 / values["fct_ns"])
     assert sink_values(short, reads["t_ns"][:3], reads["end"][:3], FIRST, 0)["fct_ns"] is None   # not all read
     for bad, why in (("{}", "not a bulk sender log"), ("[", "not JSON"),
-                     ('{"format": "tcplab-bulk-log 1", "flows": [{"port": 1}]}', "flows\\[0\\] has no local_port")):
+                     ('{"format": "tcplab-bulk-log 1", "first_ns": 5, "flows": [{"port": 1}]}',
+                      "flows\\[0\\] has no local_port")):
         with pytest.raises(ValueError, match=why):
             parse_bulk_log(bad)
 
@@ -179,6 +180,31 @@ def test_a_bulk_flows_completion_time_starts_at_its_first_data_not_its_early_syn
     assert not late.censored and late.data_bytes >= 200_000
     assert 100e6 < late.fct_ns < 400e6, late
     assert early.fct_ns - late.fct_ns > 400e6          # the SYN-based value holds the wait before the start
+
+
+def test_a_sender_the_host_held_back_past_its_instant_is_flagged() -> None:
+    """G-TASK on the sender's own log: the real log's first sends began 0.009-0.157 ms after the instant (no
+    flag); the same log with the instant 305 ms earlier -- a UML host stalled through the release in a loaded
+    CI run, all four flows 305-308 ms late at the aqm -- names the flows and how late their first data was."""
+    from orchestrator.guards.appwrite import bulk_release_findings
+
+    text = (FIX / "bulk-send-7301.json").read_text()
+    flows = plan()[0].flows
+    by_port = parse_bulk_log(text)
+    sends = {f.flow_id: entry for f, entry in zip(flows, (by_port[p] for p in sorted(by_port)), strict=True)}
+    assert bulk_release_findings(flows, sends) == []
+    held = json.loads(text)
+    held["first_ns"] -= 305_000_000
+    by_port = parse_bulk_log(json.dumps(held))
+    sends = {f.flow_id: entry for f, entry in zip(flows, (by_port[p] for p in sorted(by_port)), strict=True)}
+    (flag,) = bulk_release_findings(flows, sends)
+    assert (flag.guard, flag.host) == ("G-TASK", "sender")
+    assert flag.evidence["flows"] == [f.flow_id for f in flows]
+    assert 305.0 < min(flag.evidence["late_ms"]) and max(flag.evidence["late_ms"]) < 305.2
+    assert "305.0-305.2 ms after their start instant" in flag.message
+    del held["first_ns"]
+    with pytest.raises(ValueError, match="first_ns"):
+        parse_bulk_log(json.dumps(held))
 
 
 # ---------------------------------------------------------------- the sender against real sinks
