@@ -169,7 +169,7 @@ class CampaignRunner:
         for (plan_index, variant), group in groups.items():
             source = sources[plan_index]
             profile = load_profile(source.profile_path) if source.profile_path else None
-            kernels = effective_kernels(source.kernels.get(variant, {}), profile)
+            kernels = effective_kernels(source.kernels.get(variant, {}), profile, str(source.path.parent.resolve()))
             built, _ = attach_builds([RunSpec.model_validate(r["spec"]) for r in group], kernels, source.path.parent)
             specs.update({s.run_id: s.model_dump(mode="json") for s in built})
         return [{**r, "spec": specs[r["run_id"]]} for r in rows]

@@ -151,7 +151,7 @@ def _expand_entry(c: Campaign, i: int, campaign_dir: Path, problems: list[Proble
                                  f"{p.message}", at_key=True) for p in checked.problems[:5]]
             continue
         source.kernels[name] = checked.plan.kernels
-        specs = expand(checked.plan, profile=profile)
+        specs = expand(checked.plan.read_from(str(path.resolve().parent)), profile=profile)
         specs = [s for s in specs if s.repetition == 0
                  and (not entry.experiments or s.experiment in entry.experiments)
                  and (not entry.arms or s.params.get("arm") in entry.arms)]

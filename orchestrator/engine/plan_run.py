@@ -63,8 +63,8 @@ async def run_plan(plan_path: Path, db_url: str | None, inventory: Path | None, 
     except PlanError as exc:
         console.print(str(exc), markup=False)
         return 2
-    specs, unbuilt = attach_builds(run_order(expand(plan, profile=profile)), effective_kernels(plan.kernels, profile),
-                                   plan_path.parent)
+    kernels = effective_kernels(plan.kernels, profile, plan.source_dir)
+    specs, unbuilt = attach_builds(run_order(expand(plan, profile=profile)), kernels, plan_path.parent)
     for name, why in unbuilt.items():
         console.print(f"kernel variant {name}: {why}", style="yellow", markup=False)
     if profile is not None:

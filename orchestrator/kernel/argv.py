@@ -2,11 +2,13 @@
 and sources.py; recorded in each build's metadata so the build can be repeated by hand."""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 
-def apt_download(package: str, version: str | None = None) -> list[str]:
-    return ["apt-get", "download", "-q", "-o", "APT::Sandbox::User=root",
+def apt_download(package: str, version: str | None = None, opts: Iterable[str] = ()) -> list[str]:
+    """`opts`: an extra suite's apt options (orchestrator.kernel.sources.apt_options; none: the machine's)."""
+    return ["apt-get", "download", "-q", "-o", "APT::Sandbox::User=root", *opts,
             f"{package}={version}" if version else package]
 
 

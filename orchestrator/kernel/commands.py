@@ -19,7 +19,8 @@ def _variant(plan_path: Path, name: str, profile_path: Path | None):
     from orchestrator.plan.expansion.adapt import effective_kernels
 
     plan = load_plan(plan_path)
-    kernels = effective_kernels(plan.kernels, load_profile(profile_path) if profile_path is not None else None)
+    kernels = effective_kernels(plan.kernels, load_profile(profile_path) if profile_path is not None else None,
+                                plan.source_dir)
     if name not in kernels:
         known = ", ".join(sorted(kernels)) or "none"
         raise SourceError(f"{plan_path}: no kernel variant {name!r} (the plan has: {known})")

@@ -14,6 +14,8 @@ from urllib.parse import urlparse
 
 from orchestrator.kernel import argv
 from orchestrator.kernel.spec import BuildInputs, FileInput, SourceRef
+from orchestrator.lab import apt_suite, vm_image, vm_recipe
+from orchestrator.lab.vm_recipe import ImageError
 from orchestrator.plan.model.kernels import KernelVariant
 from schemas import procs
 from schemas.digest import sha256_file
@@ -75,15 +77,32 @@ def git_commit(url: str, ref: str, plan_dir: Path) -> str:
 
 
 def apt_version(package: str) -> str:
-    """apt's candidate version of a Debian source package (which `apt-get download` fetches)."""
+    """apt's candidate version of a Debian source package (which `apt-get download` fetches): the machine's
+    own sources first, then the extra suites the labs know (orchestrator.lab.apt_suite: linux-source-7.2 is in
+    unstable only)."""
     try:
         out = run(argv.apt_candidate(package), 60)
     except SourceError as exc:
         raise SourceError(f"apt cannot tell the version of {package}: {exc}") from None
     m = re.search(r"Candidate: (\S+)", out)
-    if not m or m.group(1) == "(none)":
-        raise SourceError(f"apt knows no package {package} (apt-get update?)")
-    return m.group(1)
+    if m and m.group(1) != "(none)":
+        return m.group(1)
+    try:
+        version = vm_recipe.apt_version(vm_image.apt_show(package)[0])
+    except ImageError:
+        version = None
+    if version is None:
+        raise SourceError(f"apt knows no package {package}, in the machine's sources or in the extra suites "
+                          f"{', '.join(apt_suite.EXTRA_SUITES)} (apt-get update?)")
+    return version
+
+
+def apt_options(package: str) -> list[str]:
+    """The apt options that find `package`: none when the machine's sources have it, else its extra suite's."""
+    try:
+        return vm_image.apt_show(package)[1]
+    except ImageError as exc:
+        raise SourceError(f"apt knows no package {package}: {exc}") from None
 
 
 @functools.cache
@@ -132,7 +151,7 @@ def fetch_tree(inputs: BuildInputs, work: Path) -> Path:
     """Unpack the source into `work` and return the tree's top directory."""
     s = inputs.source
     if s.kind == "debian-package":
-        run(argv.apt_download(s.name, s.version), 900, cwd=work)
+        run(argv.apt_download(s.name, s.version, apt_options(s.name)), 900, cwd=work)
         deb = next(work.glob(f"{s.name}_*.deb"))
         run(argv.deb_extract(deb, work / "pkg"), 600)
         tarball = next((work / "pkg" / "usr" / "src").glob("linux-source-*.tar.*"))

@@ -173,22 +173,33 @@ def stock_uml(root: Path = cache.DEFAULT_ROOT) -> UmlKernel:
 def ensure_stock_uml(build: bool, root: Path = cache.DEFAULT_ROOT, jobs: int | None = None,
                      progress: Callable[[str], None] | None = None) -> UmlKernel:
     """The stock build, built into the cache first when `build` and it is not there (minutes: docs/kernels.md);
-    without `build`, stock_uml(). Progress goes to `progress`, or to a rich status line as `tcplab kernel build`
-    shows it. SourceError/BuildError name what failed."""
+    without `build`, stock_uml(). SourceError/BuildError name what failed."""
     if not build:
         return stock_uml(root)
     if (found := find_uml_build(None, root)) is not None:
         return found
-    from orchestrator.kernel import builder
+    return ensure_uml_build(STOCK_PLAN, STOCK_VARIANT, root, jobs, progress)
 
-    name, variant, plan_dir = stock_variant()
-    command = f"tcplab kernel build {STOCK_PLAN.relative_to(REPO_ROOT)} {name}"
+
+def ensure_uml_build(plan: Path, name: str, root: Path = cache.DEFAULT_ROOT, jobs: int | None = None,
+                     progress: Callable[[str], None] | None = None) -> UmlKernel:
+    """The `arch: um` variant `name` of `plan`, built into the cache first when it is not there. Progress goes
+    to `progress`, or to a rich status line as `tcplab kernel build` shows it. SourceError/BuildError name what
+    failed."""
+    from orchestrator.kernel import builder
+    from orchestrator.plan import load_plan
+
+    variant = load_plan(plan).kernels[name]
+    where = plan.resolve()
+    command = f"tcplab kernel build {where.relative_to(REPO_ROOT) if where.is_relative_to(REPO_ROOT) else where} {name}"
     if progress is not None:
-        outcome = builder.build(name, variant, plan_dir, root, jobs=jobs, progress=progress, command=command)
+        outcome = builder.build(name, variant, plan.parent, root, jobs=jobs, progress=progress, command=command)
     else:
         from rich.console import Console
 
         with Console(stderr=True).status(f"building {name}") as status:
-            outcome = builder.build(name, variant, plan_dir, root, jobs=jobs, command=command,
+            outcome = builder.build(name, variant, plan.parent, root, jobs=jobs, command=command,
                                     progress=lambda step: status.update(f"{name}: {step}"))
+    if outcome.entry.metadata.get("arch") != umbuild.ARCH:
+        raise UmlKernelError(f"{plan}: kernel variant {name} is not an `arch: um` build")
     return _of_entry(outcome.entry)

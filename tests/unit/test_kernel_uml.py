@@ -128,6 +128,9 @@ REQUIRED = {
 def test_the_uml_lab_fragment_holds_what_the_lab_needs_built_in():
     fragment = parse_config((KERNELS / "configs" / "uml-lab.config").read_text())
     assert {k: fragment.get(k) for k in REQUIRED} == REQUIRED
+    # 7.2 has no UML_NET (the vector NICs stand alone there): 6.1's menu is its own fragment
+    assert "CONFIG_UML_NET" not in fragment
+    assert parse_config((KERNELS / "configs" / "uml-6.1-net.config").read_text()) == {"CONFIG_UML_NET": "y"}
     assert [k for k, v in fragment.items() if v == "m"] == []       # built in: no module loading for the studies
     assert "CONFIG_KPROBES" not in fragment                          # UML has none
 
@@ -141,7 +144,8 @@ def test_the_stock_variant_is_a_um_build_of_debians_source_with_the_projects_pat
         KERNELS / "patches" / name
         for name in ("uml-hz-1000.patch", "uml-host-xstate.patch", "uml-kernel-remap.patch", "uml-wallclock.patch",
                      "uml-vector-max-mtu.patch")]
-    assert [(plan_dir / c).resolve() for c in src.config] == [KERNELS / "configs" / "uml-lab.config"]
+    assert [(plan_dir / c).resolve() for c in src.config] == [KERNELS / "configs" / "uml-lab.config",
+                                                              KERNELS / "configs" / "uml-6.1-net.config"]
     assert sorted(Path(m).name for m in variant.modules) == ["sch_aqm_mark", "tcp_dctcp_flaws"]
     assert all((plan_dir / m / "Kbuild").is_file() for m in variant.modules)
     assert load_plan(uml.STOCK_PLAN).kernels[name] == variant
@@ -181,11 +185,26 @@ def test_the_wallclock_patch_sets_the_clock_from_the_machines_after_the_clocksou
     assert "if (time_travel_mode != TT_MODE_OFF)" in added            # time travel keeps its own time
 
 
-def test_the_hz_patch_turns_the_fixed_hz_into_the_generic_choice():
-    text = (KERNELS / "patches" / "uml-hz-1000.patch").read_text()
+@pytest.mark.parametrize("patch", ["uml-hz-1000.patch", "uml-7.2-hz-1000.patch"])
+def test_the_hz_patch_turns_the_fixed_hz_into_the_generic_choice(patch):
+    text = (KERNELS / "patches" / patch).read_text()
     body = text[text.index("--- a/arch/um/Kconfig"):]
     assert body.splitlines()[:2] == ["--- a/arch/um/Kconfig", "+++ b/arch/um/Kconfig"]
     assert "-config HZ\n-\tint\n-\tdefault 100\n+source \"kernel/Kconfig.hz\"\n" in body
+
+
+def test_the_dualpi2_variant_is_7_2_with_the_stock_fragment_and_only_the_patches_7_2_needs():
+    """Linux 7.2 sizes the host's XSAVE area at boot and remaps present kernel pages in place itself: the
+    variant leaves 6.1's two patches for those out, and 6.1's network menu fragment (7.2 has no UML_NET)."""
+    plan = load_plan(KERNELS / "uml-7.2.yaml")
+    variant = plan.kernels["uml-7.2"]
+    src = variant.source
+    assert (src.arch, src.config_base, src.package) == ("um", "defconfig", "linux-source-7.2")
+    assert src.patches == ["patches/uml-7.2-hz-1000.patch", "patches/uml-wallclock.patch",
+                           "patches/uml-vector-max-mtu.patch"]
+    assert src.config == ["configs/uml-lab.config", "configs/dualpi2.config"]
+    assert parse_config((KERNELS / "configs" / "dualpi2.config").read_text()) == {"CONFIG_NET_SCH_DUALPI2": "y"}
+    assert variant.modules == []
 
 
 # ------------------------------------------------------------------ which UML kernel a lab gets

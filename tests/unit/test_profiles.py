@@ -126,6 +126,64 @@ def test_the_first_matching_rule_wins_and_filters_by_vanilla():
                     "kernels.modonly": "package linux-image-6.12.0-*-amd64"}
 
 
+def test_a_build_rule_stands_a_variant_of_another_file_in_with_its_paths_from_the_plan(tmp_path):
+    """experiments/profiles/uml-lab.yaml stands the thin-stream study's linux-3.15 in by the lab's
+    uml-6.1-cwnd-3.15: that variant as experiments/kernels/uml-lab.yaml declares it, its patches and modules
+    then named from the study plan's directory, so the build is the same (the key hashes contents) and the run
+    ids do not depend on where the clone is."""
+    from orchestrator.kernel.sources import resolve
+    from orchestrator.plan.expansion.adapt import effective_kernels
+
+    profile = load_profile(PROFILE_DIR / "uml-lab.yaml")
+    study = load_plan(ROOT / "experiments/thin-stream/thin-stream.yaml")
+    kernels = effective_kernels(study.kernels, profile, study.source_dir)
+    lab = load_plan(ROOT / "experiments/kernels/uml-lab.yaml").kernels["uml-6.1-cwnd-3.15"]
+    stood = kernels["linux-3.15"]
+    assert stood.source.patches == [f"../kernels/{p}" for p in lab.source.patches]
+    assert stood.source.config == [f"../kernels/{c}" for c in lab.source.config]
+    assert stood.modules == ["../modules/sch_aqm_mark", "../modules/tcp_dctcp_flaws"] == lab.modules
+    assert (stood.vanilla, stood.description) == (study.kernels["linux-3.15"].vanilla,
+                                                  study.kernels["linux-3.15"].description)
+    assert "linux-3.18" not in kernels                      # the running (stock) kernel stands in for 3.18
+    # the same files found from either directory: the same build inputs, so the same cache entry
+    assert [f.sha256 for f in resolve("linux-3.15", stood, ROOT / "experiments/thin-stream").patches] == \
+        [f.sha256 for f in resolve("uml-6.1-cwnd-3.15", lab, ROOT / "experiments/kernels").patches]
+    (run,) = [r for r in expand(study, profile=profile) if r.experiment == "thin-f5" and r.repetition == 0
+              and r.params["sender_kernel"] == "linux-3.15"]
+    (sub,) = [s for s in run.substitutions if s.field == "kernels.linux-3.15"]
+    assert sub.now.startswith("variant uml-6.1-cwnd-3.15 of ../kernels/uml-lab.yaml (source linux-source-6.1 + 6 ")
+    # a clone elsewhere gives the same run ids
+    import shutil
+
+    copy = tmp_path / "clone"
+    for part in ("experiments/thin-stream", "experiments/kernels", "experiments/profiles", "experiments/modules"):
+        shutil.copytree(ROOT / part, copy / part)
+    there = expand(load_plan(copy / "experiments/thin-stream/thin-stream.yaml"),
+                   profile=load_profile(copy / "experiments/profiles/uml-lab.yaml"))
+    assert [r.run_id for r in there] == [r.run_id for r in expand(study, profile=profile)]
+
+
+@pytest.mark.parametrize("build, field, message", [
+    ("{plan: ../kernels/uml-lab.yaml, variant: nope}", "variant", "../kernels/uml-lab.yaml declares no source "
+     "variant 'nope' (it has: uml-6.1, uml-6.1-cwnd-3.15)"),
+    ("{plan: ../kernels/none.yaml, variant: uml-6.1}", "plan", "../kernels/none.yaml: "),
+])
+def test_a_build_rule_names_a_variant_its_file_declares(tmp_path, build, field, message):
+    import shutil
+
+    line = f"  - {{match: '*', build: {build}}}"
+    col = line.index(build.split(f"{field}: ")[1].split(",")[0].rstrip("}")) + 1
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "p.yaml").write_text(f"name: x\ntestbed: {{kind: uml}}\nkernels:\n{line}\n")
+    shutil.copytree(ROOT / "experiments/kernels", tmp_path / "kernels")
+    with pytest.raises(PlanError) as e:
+        load_profile(tmp_path / "profiles" / "p.yaml")
+    assert str(e.value).startswith(f"{tmp_path / 'profiles' / 'p.yaml'}:4:{col}: kernels[0].build.{field}: {message}")
+    with pytest.raises(PlanError, match="`build` stands alone"):
+        load_profile_text("name: x\ntestbed: {kind: uml}\nkernels:\n  - {match: '*', "
+                          "package: linux-image-6.1.0-1-amd64, build: {plan: a.yaml, variant: v}}\n", "q.yaml")
+
+
 def test_scaling_keeps_the_path_in_packets():
     plain = {r.params["rate"]: r for r in expand(plan()) if r.repetition == 0}
     runs = {r.params["rate"]: r for r in expand(plan(), profile=load_profile_text(VM)) if r.repetition == 0}

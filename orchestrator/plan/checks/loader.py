@@ -82,7 +82,7 @@ def read_text(path: str | Path, what: str = "plan") -> str:
 
 def load_plan(path: str | Path) -> Plan:
     """Load and validate a plan file; raise PlanError listing every problem as FILE:LINE:COL."""
-    return load_plan_text(read_text(path), str(path))
+    return load_plan_text(read_text(path), str(path)).read_from(str(Path(path).resolve().parent))
 
 
 def plan_sha256(path: str | Path) -> str:

@@ -3,7 +3,9 @@
 Three adaptations, each a `Substitution` stored with the runs it touches:
 - kernels: the first rule whose glob matches a variant's name replaces its origin. A variant with patches or
   config fragments of its own becomes a build of the rule's Debian source package with the same patches,
-  fragments and modules; any other variant becomes the rule's distribution package plus its modules. The
+  fragments and modules; any other variant becomes the rule's distribution package plus its modules; a `build`
+  rule puts the variant another plan file declares in its place (a study's mechanism carried onto the
+  testbed's kernel), its file paths made relative to the plan's directory. The
   name stays (it is how arms and `--kernel` name it); the hash follows the new content (G-VARIANT).
 - rates: one factor per experiment, so a sweep keeps its ratios (and the arms of an experiment stay
   comparable), while a 9 Gbit/s experiment of a plan does not slow its 10 Mbit/s ones down 200-fold too.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -54,7 +57,26 @@ def _matches(name: str, v: KernelVariant, rule: KernelRule) -> bool:
     return fnmatch.fnmatchcase(name, rule.match) and rule.vanilla in (None, v.vanilla)
 
 
-def _substitute(v: KernelVariant, rule: KernelRule) -> KernelVariant | None:
+def rebased(variant: KernelVariant, files_dir: str, plan_dir: str | None) -> KernelVariant:
+    """`variant` (its patches, fragments, modules and tarball relative to files_dir) with those paths relative to
+    the plan's directory, where every kernel file field of a plan is read from; absolute for a plan read from
+    text. Pure: paths are joined, not looked up."""
+    def move(p: str) -> str:
+        full = os.path.normpath(os.path.join(files_dir, p))
+        return os.path.relpath(full, plan_dir) if plan_dir is not None else full
+
+    src = variant.source
+    assert src is not None
+    moved = src.model_copy(update={"patches": [move(p) for p in src.patches], "config": [move(c) for c in src.config],
+                                   "tarball": move(src.tarball) if src.tarball else None})
+    return variant.model_copy(update={"source": moved, "modules": [move(m) for m in variant.modules]})
+
+
+def _substitute(v: KernelVariant, rule: KernelRule, plan_dir: str | None) -> KernelVariant | None:
+    if rule.stand_in is not None:
+        stand_in, files_dir = rule.stand_in
+        return rebased(stand_in, files_dir, plan_dir).model_copy(
+            update={"description": v.description, "vanilla": v.vanilla})
     if v.patched:
         if rule.source is None:
             return None
@@ -79,15 +101,18 @@ def _origin(v: KernelVariant) -> str:
     return base + (f" + {', '.join(extras)}" if extras else "")
 
 
-def effective_kernels(kernels: dict[str, KernelVariant], profile: Profile | None) -> dict[str, KernelVariant]:
-    """The variants a plan's runs ask for on a testbed: the plan's, substituted by the profile if any."""
-    return kernels if profile is None else adapt_kernels(kernels, profile.kernels)[0]
+def effective_kernels(kernels: dict[str, KernelVariant], profile: Profile | None,
+                      plan_dir: str | None = None) -> dict[str, KernelVariant]:
+    """The variants a plan's runs ask for on a testbed: the plan's, substituted by the profile if any
+    (`plan_dir`: Plan.source_dir, which a stand-in's file paths are made relative to)."""
+    return kernels if profile is None else adapt_kernels(kernels, profile.kernels, plan_dir)[0]
 
 
-def adapt_kernels(kernels: dict[str, KernelVariant], rules: list[KernelRule]
+def adapt_kernels(kernels: dict[str, KernelVariant], rules: list[KernelRule], plan_dir: str | None = None
                   ) -> tuple[dict[str, KernelVariant], dict[str, Substitution]]:
     """The plan's variants with the profile's substitutions, and the substitution made for each name. A
-    variant the running kernel stands in for leaves the map: its hosts then need no particular kernel."""
+    variant the running kernel stands in for leaves the map: its hosts then need no particular kernel. A
+    `build` rule's variant must have been read by the profile loader (KernelRule.stand_in)."""
     out, subs = dict(kernels), {}
     for name, v in kernels.items():
         rule = next((r for r in rules if _matches(name, v, r)), None)
@@ -98,12 +123,16 @@ def adapt_kernels(kernels: dict[str, KernelVariant], rules: list[KernelRule]
             subs[name] = Substitution(kind="kernel", field=f"kernels.{name}", was=_origin(v), now=RUNNING,
                                       why=rule.why)
             continue
-        new = _substitute(v, rule)
+        if rule.build is not None and rule.stand_in is None:
+            raise ValueError(f"kernel rule for {rule.match!r}: its `build` variant was not read (load the profile "
+                             "with load_profile)")
+        new = _substitute(v, rule, plan_dir)
         if new is None:
             continue
         out[name] = new
-        subs[name] = Substitution(kind="kernel", field=f"kernels.{name}", was=_origin(v), now=_origin(new),
-                                  why=rule.why)
+        now = _origin(new) if rule.build is None else \
+            f"variant {rule.build.variant} of {rule.build.plan} ({_origin(new)})"
+        subs[name] = Substitution(kind="kernel", field=f"kernels.{name}", was=_origin(v), now=now, why=rule.why)
     return out, subs
 
 
@@ -243,9 +272,9 @@ class Adaptation:
 
 
 def adaptation(profile: Profile, kernels: dict[str, KernelVariant], runs: list[tuple[str, RunTemplate]],
-               graph: Graph) -> Adaptation:
+               graph: Graph, plan_dir: str | None = None) -> Adaptation:
     """`runs`: (experiment, run template) of every cell; each experiment gets the factor its own runs need."""
-    adapted, subs = adapt_kernels(kernels, profile.kernels)
+    adapted, subs = adapt_kernels(kernels, profile.kernels, plan_dir)
     by_experiment: dict[str, list[RunTemplate]] = {}
     for experiment, run in runs:
         by_experiment.setdefault(experiment, []).append(run)

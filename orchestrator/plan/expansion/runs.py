@@ -135,5 +135,5 @@ def expand(plan: Plan, *, order: Literal["cells", "rounds", "random"] | None = N
     varied = varied_fields(plan)
     cells = instantiate_all(plan)
     a = None if profile is None else adaptation(profile, plan.kernels, [(c.cell.experiment, c.run) for c in cells],
-                                                plan_graph(plan.roles, plan.topology))
+                                                plan_graph(plan.roles, plan.topology), plan.source_dir)
     return order_runs(plan, [_run_specs(plan, r, varied, a) for r in cells], order)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field, JsonValue, StringConstraints
+from pydantic import BeforeValidator, Field, JsonValue, PrivateAttr, StringConstraints
 
 from orchestrator.plan.model.kernels import KernelVariant
 from orchestrator.plan.model.names import VariantName
@@ -71,6 +71,20 @@ class Experiment(Strict):
 
 class Plan(Strict):
     """A tcplab experiment plan (format version 1)."""
+
+    # the directory of the file it was read from (load_plan), which its kernel file fields are relative to;
+    # None for a plan read from text
+    _source_dir: str | None = PrivateAttr(default=None)
+
+    @property
+    def source_dir(self) -> str | None:
+        return self._source_dir
+
+    def read_from(self, directory: str) -> Plan:
+        """This plan, noting the directory of the file it was read from."""
+        out = self.model_copy()
+        out._source_dir = directory
+        return out
 
     version: Literal[1] = _f(1, "plan format version", 1)
     name: PlanName = _f(..., "plan name (first part of every run id)", "quickstart")

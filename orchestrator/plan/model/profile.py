@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import StringConstraints, model_validator
+from pydantic import PrivateAttr, StringConstraints, model_validator
 
 from orchestrator.plan.model.fields import Strict, _f
-from orchestrator.plan.model.kernels import IMAGE_PACKAGE, SOURCE_PACKAGE
+from orchestrator.plan.model.kernels import IMAGE_PACKAGE, SOURCE_PACKAGE, KernelVariant
 from orchestrator.plan.model.names import RoleName
 from orchestrator.plan.model.quantities import Rate, Size
 
@@ -34,6 +34,14 @@ class Testbed(Strict):
                             "the newest apt knows)", "linux-image-6.1.0-*-amd64", pattern=IMAGE_PACKAGE)
 
 
+class VariantRef(Strict):
+    """A kernel variant another plan file declares: a lab's own kernel file (experiments/kernels/uml-lab.yaml)."""
+
+    plan: str = _f(..., "the plan file that declares it, relative to the profile", "../kernels/uml-lab.yaml",
+                   pattern=r"^[A-Za-z0-9_./-]{1,200}\.ya?ml$")
+    variant: str = _f(..., "the variant's name there", "uml-6.1-cwnd-3.15", pattern=r"^[A-Za-z0-9_.+-]{1,64}$")
+
+
 class KernelRule(Strict):
     """Which kernel stands in for the plan's variants whose name matches. The first matching rule applies;
     a variant no rule matches stays as the plan states it."""
@@ -49,16 +57,37 @@ class KernelRule(Strict):
     source: str | None = _f(None, "for a variant with patches or config fragments: a build of this Debian source "
                             "package with the same patches, fragments and modules (where they apply)",
                             "linux-source-6.1", pattern=SOURCE_PACKAGE)
+    build: VariantRef | None = _f(None, "for any variant: this variant of another plan file, built as that file "
+                                 "declares it -- a study's mechanism carried onto the testbed's own kernel, when the "
+                                 "study's kernel cannot be built here",
+                                 {"plan": "../kernels/uml-lab.yaml", "variant": "uml-6.1-cwnd-3.15"})
     why: str = _f("", "recorded with the substitution", "the testbed boots Debian 6.1 kernels only")
+    # the `build` variant as its file declares it, and that file's directory (its paths are relative to it):
+    # set by the profile loader, which reads the file (orchestrator/plan/checks/profile_loader.py)
+    _stand_in: tuple[KernelVariant, str] | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _something(self) -> KernelRule:
         if self.running:
-            if self.package is not None or self.source is not None or self.vanilla is not True:
+            if (self.package is not None or self.source is not None or self.build is not None
+                    or self.vanilla is not True):
                 raise ValueError("`running: true` stands alone and needs `vanilla: true`")
+        elif self.build is not None:
+            if self.package is not None or self.source is not None:
+                raise ValueError("`build` stands alone: the variant it names says what is built")
         elif self.package is None and self.source is None:
-            raise ValueError("a kernel rule gives a `package`, a `source`, both, or `running: true`")
+            raise ValueError("a kernel rule gives a `package`, a `source`, both, a `build`, or `running: true`")
         return self
+
+    @property
+    def stand_in(self) -> tuple[KernelVariant, str] | None:
+        return self._stand_in
+
+    def with_stand_in(self, variant: KernelVariant, files_dir: str) -> KernelRule:
+        """This rule with its `build` variant read (files_dir: the directory its paths are relative to)."""
+        out = self.model_copy()
+        out._stand_in = (variant, files_dir)
+        return out
 
 
 class Scaling(Strict):
@@ -102,4 +131,4 @@ class Profile(Strict):
     captures: CapturePlacement | None = _f(None, "capture placement", {"move_off": ["aqm"]})
 
 
-__all__ = ["CapturePlacement", "GUESTS_WITH_KERNEL", "KernelRule", "Profile", "Scaling", "Testbed"]
+__all__ = ["CapturePlacement", "GUESTS_WITH_KERNEL", "KernelRule", "Profile", "Scaling", "Testbed", "VariantRef"]
