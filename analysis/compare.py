@@ -62,6 +62,8 @@ METRICS: tuple[MetricDef, ...] = (
               100),
     MetricDef("data_packets", "data packets past the bottleneck", "per run", None, None,
               lambda r: float(sum(f.signals.data_packets for f in r.flows)) if r.flows else math.nan),
+    MetricDef("cwnd_collapse", "reductions that collapsed cwnd (M-CWNDCOLLAPSE)", "%", "lower", None,
+              lambda r: _flows_mean(r, lambda f: f.reductions.collapsed_share), 100),
     MetricDef("retransmissions", "retransmissions", "per run", "lower", "count",
               lambda r: float(sum(f.retransmissions for f in r.flows))),
 )

@@ -25,6 +25,12 @@ SERIES_BIN_NS = TEN_MS
 """Queue delay and cwnd time series for plots and CSV: one value per 10 ms."""
 
 
+def _reductions(probe: np.ndarray) -> m.Reductions:
+    """M-CWNDCOLLAPSE over one flow's tcp_probe events (in time order)."""
+    series = m.cwnd_series(probe)
+    return m.reduction_episodes(series.ssthresh, series.cwnd)
+
+
 @dataclass(frozen=True)
 class FlowResult:
     """One flow's metrics in the run's window. Rates bit/s, delays µs, cwnd segments."""
@@ -46,6 +52,7 @@ class FlowResult:
     convergence_s: float                 # NaN: not reached (censored) or not computable
     convergence_rtts: float
     start_skew_ns: int | None = None     # M-STARTSKEW (None: no capture saw the flow's data)
+    reductions: m.Reductions = m.Reductions(0, 0, math.nan)   # M-CWNDCOLLAPSE, tcp_probe in the window
 
 
 @dataclass(frozen=True)
@@ -187,7 +194,8 @@ def analyse(data: RunData) -> RunAnalysis:
             srtt=m.summary_stats(data.probe["srtt_us"][pm]), cwnd=m.summary_stats(data.probe["snd_cwnd"][pm]),
             signals=m.signal_rates(p, own_q, w0, w1), completion=completion,
             gaps_us=gap_stats, retransmissions=retx, alpha=alpha, convergence_s=conv_s,
-            convergence_rtts=conv_rtts, start_skew_ns=f.start_skew_ns))
+            convergence_rtts=conv_rtts, start_skew_ns=f.start_skew_ns,
+            reductions=_reductions(data.probe[pm])))
 
     util = None
     if rate and not window.empty:

@@ -8,7 +8,7 @@ numbers, small dataclasses or arrays. Times are integer ns. Definitions: docs/me
   windows     G-WINDOW analysis windows (warm-up, all flows active, measure length)
   throughput  M-TPUT goodput and bins, M-UTIL utilisation, sequence-space helpers
   queue       M-QDELAY, M-QLEN, M-MARK, M-DROP
-  tcpstate    M-CWND series, M-ALPHA
+  tcpstate    M-CWND series, M-CWNDCOLLAPSE, M-ALPHA
   timing      M-RTT (timestamps), M-FCT, M-GAP, M-APPLAT
   fairness    M-JAIN, M-RATIO, M-CONV
 """
@@ -47,16 +47,19 @@ from analysis.metrics.stats import (
     summary_stats,
 )
 from analysis.metrics.tcpstate import (
+    COLLAPSE_BELOW,
     DCTCP_ALPHA_SCALE,
     SSTHRESH_UNSET,
     AlphaSummary,
     CwndSeries,
+    Reductions,
     alpha_fraction,
     alpha_summary,
     cwnd_series,
     last_per_bin,
     mean_cwnd,
     probe_mask,
+    reduction_episodes,
 )
 from analysis.metrics.throughput import (
     ETHERNET_HEADER,
@@ -92,7 +95,8 @@ __all__ = [
     "running_matrix", "CE", "BacklogStats", "SignalRates", "backlog_stats", "binned_mean", "delivered_sojourns",
     "qdelay_series", "qdelay_stats", "qdisc_drop_rate", "signal_rates", "PERCENTILE_METHOD", "SKETCH_POINTS",
     "STAT_FIELDS", "BoxStats", "Stats", "box_stats", "percentile", "quantile_sketch", "summary_stats",
-    "DCTCP_ALPHA_SCALE", "SSTHRESH_UNSET", "AlphaSummary", "CwndSeries", "alpha_fraction", "alpha_summary",
+    "COLLAPSE_BELOW", "DCTCP_ALPHA_SCALE", "SSTHRESH_UNSET", "AlphaSummary", "CwndSeries", "Reductions",
+    "alpha_fraction", "alpha_summary", "reduction_episodes",
     "cwnd_series", "last_per_bin", "mean_cwnd", "probe_mask", "ETHERNET_HEADER", "SEQ_SPACE", "BinnedSeries",
     "Goodput", "Utilisation", "aggregate_goodput", "bin_sum", "flow_goodput", "goodput_advance",
     "is_retransmission", "signed_seq_diff", "throughput_series", "union_span_ns", "unwrap_seq", "utilisation",

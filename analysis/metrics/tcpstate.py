@@ -1,4 +1,4 @@
-"""M-CWND and M-ALPHA: sender TCP state series from tcp_probe and ss samples (pure numpy).
+"""M-CWND, M-CWNDCOLLAPSE and M-ALPHA: sender TCP state series from tcp_probe and ss samples (pure numpy).
 
 tcp_probe events (records.TCP_PROBE fields) come one per incoming ACK; ss samples (M-SS) one per poll.
 """
@@ -57,6 +57,38 @@ def cwnd_series(probe: np.ndarray, sport: int | None = None, dport: int | None =
     return CwndSeries(ts_ns=p["ts_ns"].astype(np.int64), cwnd=p["snd_cwnd"].astype(float), ssthresh=ss,
                       srtt_us=p["srtt_us"].astype(float),
                       slow_start_end_ns=int(p["ts_ns"][first_set[0]]) if first_set.size else None)
+
+
+COLLAPSE_BELOW = 0.5
+"""M-CWNDCOLLAPSE: a reduction episode collapsed when cwnd fell below this share of the ssthresh it set."""
+
+
+@dataclass(frozen=True)
+class Reductions:
+    """M-CWNDCOLLAPSE of one connection: its window reductions and how many of them collapsed the window."""
+
+    episodes: int
+    collapsed: int
+    lowest_share: float      # the smallest min-cwnd / ssthresh of any episode (NaN: no episode)
+
+    @property
+    def collapsed_share(self) -> float:
+        return self.collapsed / self.episodes if self.episodes else math.nan
+
+
+def reduction_episodes(ssthresh: np.ndarray, cwnd: np.ndarray, below: float = COLLAPSE_BELOW) -> Reductions:
+    """Per ACK (time order) ssthresh (NaN while unset) and cwnd of one connection. A reduction is an ACK whose
+    ssthresh is lower than the previous ACK's (slow start's end included: unset counts as infinite; a rise,
+    as after an application-limited stretch, is none). Its episode lasts until the next reduction; it
+    collapsed when cwnd fell below `below` x the ssthresh the reduction set: a reduction that should take the
+    window down to ssthresh took it far lower (the PRR bug of Linux 5.9 with TSO bursts)."""
+    ss = np.where(np.isnan(ssthresh), np.inf, ssthresh)
+    starts = np.flatnonzero(ss[1:] < ss[:-1]) + 1
+    if not starts.size:
+        return Reductions(0, 0, math.nan)
+    lowest = np.minimum.reduceat(cwnd, starts)
+    share = lowest / ssthresh[starts]
+    return Reductions(int(starts.size), int((share < below).sum()), float(share.min()))
 
 
 def last_per_bin(ts_ns: np.ndarray, values: np.ndarray, t0_ns: int, bin_ns: int, n_bins: int) -> np.ndarray:

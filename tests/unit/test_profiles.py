@@ -165,7 +165,7 @@ def test_a_build_rule_stands_a_variant_of_another_file_in_with_its_paths_from_th
 
 @pytest.mark.parametrize("build, field, message", [
     ("{plan: ../kernels/uml-lab.yaml, variant: nope}", "variant", "../kernels/uml-lab.yaml declares no source "
-     "variant 'nope' (it has: uml-6.1, uml-6.1-cwnd-3.15)"),
+     "variant 'nope' (it has: uml-6.1, uml-6.1-cwnd-3.15, uml-6.1-prr-5.9)"),
     ("{plan: ../kernels/none.yaml, variant: uml-6.1}", "plan", "../kernels/none.yaml: "),
 ])
 def test_a_build_rule_names_a_variant_its_file_declares(tmp_path, build, field, message):
