@@ -4,7 +4,8 @@ the UML lab, whose hosts are processes (docs/uml-lab.md, "Kernel switch").
 `tcplab run` takes a plan's runs in groups that need the same kernel variants (selection.run_order). On a UML
 lab, before each group, every host whose running release is not its variant's build is restarted on that
 build's `arch: um` binary and verified like a host after a kernel install (its new hello must report the
-build's release, which names the key); then the group is preflighted against the new hellos as usual. A
+build's release, which names the key), and every host the group asks no kernel of and that runs another than
+the lab's own goes back to the lab's own; then the group is preflighted against the new hellos as usual. A
 variant with no `arch: um` build is not switched to: preflight refuses its runs naming the kernel.
 """
 from __future__ import annotations
@@ -31,13 +32,26 @@ def kernel_groups(specs: list[RunSpec]) -> list[list[RunSpec]]:
     return groups
 
 
-def switches_needed(spec: RunSpec, caps: dict[str, protocol.Capabilities]) -> dict[str, list[str]]:
+HOME = "home"
+"""switches_needed's key for the hosts that go back to the lab's own kernel."""
+
+
+def switches_needed(spec: RunSpec, caps: dict[str, protocol.Capabilities],
+                    home_release: str | None = None) -> dict[str, list[str]]:
     """build key -> the hosts that must be restarted on that build for `spec` (pure): each host whose variant
-    has a tcplab build and whose running release is not that build's."""
+    has a tcplab build and whose running release is not that build's. Under HOME, the hosts `spec` asks no
+    kernel of (the running kernel stands in: the lab's own) that an earlier group left on another one
+    (`home_release`: the release the lab came up with)."""
     out: dict[str, list[str]] = {}
     for role, hp in spec.hosts.items():
         c = caps.get(role)
-        if hp.kernel is None or not hp.kernel.build_key or c is None:
+        if c is None:
+            continue
+        if hp.kernel is None:
+            if home_release is not None and c.kernel_release != home_release:
+                out.setdefault(HOME, []).append(role)
+            continue
+        if not hp.kernel.build_key:
             continue
         if not release_matches(hp.kernel.release, c.kernel_release):
             out.setdefault(hp.kernel.build_key, []).append(role)
@@ -45,12 +59,15 @@ def switches_needed(spec: RunSpec, caps: dict[str, protocol.Capabilities]) -> di
 
 
 async def switch_hosts(engine: RunEngine, spec: RunSpec, state_dir: Path, say: Callable[[str], None]) -> None:
-    """Restart the hosts `spec` needs on other kernels (a UML lab), then reconnect them (fresh hellos)."""
+    """Restart the hosts `spec` needs on other kernels (a UML lab), then reconnect them (fresh hellos). A host
+    the run asks no kernel of goes back to the lab's own kernel: a run whose variant the running kernel stands
+    in for must not run on the variant an earlier group switched to."""
     from orchestrator.kernel.uml import find_uml_build
     from orchestrator.lab import uml
 
-    for key, roles in switches_needed(spec, engine.caps).items():
-        kernel = find_uml_build(key)
+    home = uml.lab_kernel(state_dir)
+    for key, roles in switches_needed(spec, engine.caps, home.release if home else None).items():
+        kernel = home if key == HOME else find_uml_build(key)
         if kernel is None:
             say(f"kernel switch: no `arch: um` build {key[:12]} in the kernel cache; the runs that need it are "
                 "refused")

@@ -286,6 +286,17 @@ def down(state_dir: Path = STATE_DIR, prefix: str = LAB_PREFIX) -> list[str]:
     return removed
 
 
+def lab_kernel(state_dir: Path) -> UmlKernel | None:
+    """The kernel the UML lab came up with (its hosts' own, which a kernel switch leaves recorded), or None
+    when no UML lab is up there."""
+    inv = _inventory(state_dir)
+    k = inv.get(KIND, {}).get("kernel") if inv.get("kind") == KIND else None
+    if not k:
+        return None
+    paths = {"binary", "modules_root", "extra_modules"}
+    return UmlKernel(**{f: Path(v) if f in paths and v is not None else v for f, v in k.items()})
+
+
 def _inventory(state_dir: Path) -> dict:
     try:
         return json.loads(inventory_path(state_dir).read_text())

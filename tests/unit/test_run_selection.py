@@ -123,7 +123,7 @@ def test_the_cli_passes_the_filters_and_dry_run_to_run_plan(monkeypatch, tmp_pat
 
 
 def test_kernel_groups_follow_the_run_order_and_name_the_hosts_to_restart(specs):
-    from orchestrator.engine.kernel_switch import kernel_groups, switches_needed
+    from orchestrator.engine.kernel_switch import HOME, kernel_groups, switches_needed
     from schemas import protocol
 
     ordered = run_order(specs)
@@ -142,6 +142,19 @@ def test_kernel_groups_follow_the_run_order_and_name_the_hosts_to_restart(specs)
 
     assert built and switches_needed(spec, caps("6.1.176")) == {"k" * 64: list(built)}
     assert switches_needed(spec, caps("6.1.192-uml-0123456789")) == {}
+    # a host the run asks no kernel of goes back to the lab's own kernel if an earlier group left it elsewhere
+    free = [r for r, h in spec.hosts.items() if h.kernel is None]
+    if free:
+        home = "6.1.192-uml-home000000"
+        assert switches_needed(spec, caps("6.1.192-uml-0123456789"), home) == {HOME: free}
+        on_home = {r: protocol.Capabilities.model_construct(
+            kernel_release=home if r in free else "6.1.192-uml-0123456789") for r in spec.hosts}
+        assert switches_needed(spec, on_home, home) == {}
+    unasked = spec.model_copy(update={"hosts": {r: h.model_copy(update={"kernel": None})
+                                                for r, h in spec.hosts.items()}})
+    assert switches_needed(unasked, caps("6.1.192-uml-0123456789"), "6.1.192-uml-home000000") == {
+        HOME: list(spec.hosts)}
+    assert switches_needed(unasked, caps("6.1.192-uml-0123456789")) == {}     # no lab kernel known: left alone
 
 
 def test_a_repetition_that_is_not_a_number_is_a_usage_error(tmp_path, capsys):
