@@ -248,18 +248,15 @@ class HostStateExecutor:
 
     def _apply_offloads(self, dev: str, wanted: dict[str, bool]) -> None:
         feats = read_features(dev)
-        changes = {}
         for short, on in wanted.items():
             long = OFFLOAD_LONG_NAMES.get(short)
             if long is None or long not in feats:
                 raise StateError(f"offload {short!r} is not a feature of {dev}",
                                  field=f"state.interfaces.{dev}.offloads.{short}")
-            if bool(feats[long]["active"]) == on:
-                continue
-            if feats[long].get("fixed"):
+            if bool(feats[long]["active"]) != on and feats[long].get("fixed"):
                 raise StateError(f"offload {short} on {dev} is fixed {'on' if not on else 'off'}",
                                  field=f"state.interfaces.{dev}.offloads.{short}")
-            changes[short] = on
+        changes = linkinfo.offload_request(feats, wanted)
         if changes:
             procs.run(offload_argv(dev, changes))
 

@@ -1,5 +1,5 @@
 """Pure parsing for what a data interface is, beyond its qdiscs: its MTU and MTU range (`ip -d -j link show`),
-its speed (`ethtool IF`) and the offload features its driver fixed (`ethtool -k IF`).
+its speed (`ethtool IF`), the offload features its driver fixed (`ethtool -k IF`) and what to ask of them.
 
 A virtual driver's speed says nothing about a wire: veth and tun print a constant "10000Mb/s", virtio_net
 "Unknown!" unless the hypervisor sets one, and QEMU's emulated e1000 always "1000Mb/s". Such a speed is
@@ -96,3 +96,20 @@ def mtu_argv(dev: str, mtu: int) -> list[str]:
     if not 68 <= mtu <= 65535:
         raise ValueError(f"MTU {mtu} outside 68..65535")
     return ["ip", "link", "set", "dev", dev, "mtu", str(mtu)]
+
+
+def offload_request(feats: dict[str, dict], wanted: dict[str, bool]) -> dict[str, bool]:
+    """The `ethtool -K` settings to ask for (pure). `feats`: `ethtool --json -k` per feature (active, fixed,
+    requested); `wanted`: short name -> on, each a known, changeable feature (the executor checked). The
+    features whose state differs; and, when a changeable feature of the device is active but not requested
+    (or requested but not active), every wanted one: such a driver set a feature behind the core's back --
+    UML's vector NIC turns TSO on when it opens, outside the requested set ("tx-tcp-segmentation: on
+    [requested off]") -- and the next update of the device's features (any `ethtool -K`, an MTU change)
+    recomputes them from the requested set and drops it. Asked for explicitly, it stays."""
+    changes = {short: on for short, on in wanted.items()
+               if bool(feats[OFFLOAD_LONG_NAMES[short]]["active"]) != on}
+    drifted = any(not f.get("fixed") and f.get("requested") is not None and bool(f["active"]) != bool(f["requested"])
+                  for f in feats.values())
+    if drifted:
+        return {short: on for short, on in wanted.items() if not feats[OFFLOAD_LONG_NAMES[short]].get("fixed")}
+    return changes
