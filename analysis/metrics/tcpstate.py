@@ -70,6 +70,7 @@ class Reductions:
     episodes: int
     collapsed: int
     lowest_share: float      # the smallest min-cwnd / ssthresh of any episode (NaN: no episode)
+    validations: int = 0     # ssthresh raised to 3/4 cwnd by cwnd validation: the sender was not cwnd-limited
 
     @property
     def collapsed_share(self) -> float:
@@ -77,18 +78,23 @@ class Reductions:
 
 
 def reduction_episodes(ssthresh: np.ndarray, cwnd: np.ndarray, below: float = COLLAPSE_BELOW) -> Reductions:
-    """Per ACK (time order) ssthresh (NaN while unset) and cwnd of one connection. A reduction is an ACK whose
-    ssthresh is lower than the previous ACK's (slow start's end included: unset counts as infinite; a rise,
-    as after an application-limited stretch, is none). Its episode lasts until the next reduction; it
-    collapsed when cwnd fell below `below` x the ssthresh the reduction set: a reduction that should take the
-    window down to ssthresh took it far lower (the PRR bug of Linux 5.9 with TSO bursts)."""
+    """Per ACK (time order) ssthresh (NaN while unset) and cwnd of one connection. A reduction is an ACK at which
+    ssthresh changed to a value below the previous ACK's cwnd: a CE echo, a loss, an RTO, slow start's end
+    (unset counts as infinite) -- a DCTCP reduction after cwnd grew may set ssthresh above the last one, so
+    a change and not only a decrease counts. Not one: cwnd validation (RFC 2861), which raises ssthresh to
+    exactly 3/4 of cwnd when the sender did not use its window (counted apart, `validations`). Its episode lasts
+    until the next reduction; it collapsed when cwnd fell below `below` x the ssthresh it set: a reduction that
+    should take the window down to ssthresh took it far lower (the PRR bug of Linux 5.9 with TSO bursts)."""
     ss = np.where(np.isnan(ssthresh), np.inf, ssthresh)
-    starts = np.flatnonzero(ss[1:] < ss[:-1]) + 1
+    before = cwnd[:-1].astype(np.int64)
+    changed = ss[1:] != ss[:-1]
+    validation = changed & (ss[1:] > ss[:-1]) & (ss[1:] == (before >> 1) + (before >> 2))
+    starts = np.flatnonzero(changed & (ss[1:] < before) & ~validation) + 1
     if not starts.size:
-        return Reductions(0, 0, math.nan)
+        return Reductions(0, 0, math.nan, int(validation.sum()))
     lowest = np.minimum.reduceat(cwnd, starts)
     share = lowest / ssthresh[starts]
-    return Reductions(int(starts.size), int((share < below).sum()), float(share.min()))
+    return Reductions(int(starts.size), int((share < below).sum()), float(share.min()), int(validation.sum()))
 
 
 def last_per_bin(ts_ns: np.ndarray, values: np.ndarray, t0_ns: int, bin_ns: int, n_bins: int) -> np.ndarray:
