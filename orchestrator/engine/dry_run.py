@@ -16,6 +16,7 @@ from rich.table import Table
 
 from orchestrator.agent_client import AgentError
 from orchestrator.engine import capcache
+from orchestrator.engine.kernel_switch import as_switched, switches_needed
 from orchestrator.engine.preflight import Refused, Verdict, check_runs
 from orchestrator.engine.runner import RunEngine
 from orchestrator.engine.selection import arm_of, kernel_label
@@ -69,6 +70,20 @@ async def live_capabilities(inv: Inventory, results: Path) -> dict[str, protocol
         await engine.close()
 
 
+def judge(specs: list[RunSpec], caps: dict[str, protocol.Capabilities], inv: Inventory) -> tuple[list[Verdict], int]:
+    """Every run's preflight verdict, and how many runnable ones need a kernel switch first. On a UML lab a host
+    whose run needs another cached build is restarted on it before the run (engine/kernel_switch.py): judged
+    with that build's release, the rest of its hello as it is now."""
+    if inv.kind != "uml":
+        return check_runs(specs, caps, inv), 0
+    verdicts, switched = [], 0
+    for spec in specs:
+        (v,) = check_runs([spec], as_switched(spec, caps), inv)
+        verdicts.append(v)
+        switched += not isinstance(v, Refused) and bool(switches_needed(spec, caps))
+    return verdicts, switched
+
+
 async def dry_run(specs: list[RunSpec], inv: Inventory, results: Path, refresh: bool, console: Console) -> int:
     """Print the verdict of every run; 0 all runnable, 3 some refused, 4 an agent unreachable (stale cache)."""
     entries = capcache.load(results)
@@ -87,7 +102,9 @@ async def dry_run(specs: list[RunSpec], inv: Inventory, results: Path, refresh: 
         oldest = min(entries[role].at for role in inv.hosts)
         source = (f"capabilities cached at the last hello ({capcache.cache_path(results)}, oldest "
                   f"{oldest:%Y-%m-%d %H:%M:%S} UTC); no agent contacted")
-    verdicts = check_runs(specs, caps, inv)
+    verdicts, switched = judge(specs, caps, inv)
     console.print(verdict_table(verdicts, source))
-    console.print(count_line(verdicts) + " (dry run: no host and no database touched)", markup=False)
+    note = (f"; {switched} of them after a restart of hosts on a kernel build, judged by what the running kernel "
+            "can do" if switched else "")
+    console.print(count_line(verdicts) + f" (dry run: no host and no database touched{note})", markup=False)
     return 3 if any(isinstance(v, Refused) for v in verdicts) else 0

@@ -76,3 +76,16 @@ async def switch_hosts(engine: RunEngine, spec: RunSpec, state_dir: Path, say: C
         took = await asyncio.to_thread(uml.switch_kernel, state_dir, roles, kernel, engine.inv.prefix or uml.LAB_PREFIX)
         say("kernel switch: " + ", ".join(f"{r} -> {kernel.release} in {s:.1f} s" for r, s in took.items()))
         await engine.connect_all()
+
+
+def as_switched(spec: RunSpec, caps: dict[str, protocol.Capabilities]) -> dict[str, protocol.Capabilities]:
+    """The hellos `spec` would be judged against once its hosts were restarted on their builds (pure): each host
+    switches_needed names reports its build's release; what else it can do is taken from the kernel it runs
+    now (a dry run boots nothing: a build whose config differs from the lab's own is judged by the lab's)."""
+    moved = {role: hp.kernel.release for role, hp in spec.hosts.items() if hp.kernel is not None}
+    out = dict(caps)
+    for roles in switches_needed(spec, caps).values():
+        for role in roles:
+            out[role] = caps[role].model_copy(update={"kernel_release": moved[role]})
+    return out
+

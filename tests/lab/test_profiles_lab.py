@@ -19,13 +19,15 @@ import pytest
 from sqlalchemy import text
 
 from analysis.summary import run_table
-from orchestrator.engine.dry_run import live_capabilities
-from orchestrator.engine.preflight import Refused, check_runs
+from orchestrator.engine.dry_run import judge, live_capabilities
+from orchestrator.engine.kernel_builds import attach_builds
+from orchestrator.engine.preflight import Refused
 from orchestrator.inventory import load_inventory
 from orchestrator.lab import netns
 from orchestrator.lab.request import lab_request
 from orchestrator.plan import expand, load_plan
 from orchestrator.plan.checks.profile_loader import load_profile
+from orchestrator.plan.expansion.adapt import effective_kernels
 from orchestrator.storage.db import open_db
 from tests.lab.conftest import TEST_PREFIX, one_flow_plan, skip_unless_vm_lab_can_run, tcplab_run
 from tests.support.shipped import PROFILE_DIR, STUDY_PLANS
@@ -83,7 +85,12 @@ def _tally(plans: list[Path], profile, caps: dict, inv, counts: Counter, reasons
     """Each plan's runs judged against a lab's hellos: runnable or refused per plan, and every refusal checked to
     name a kernel or a mechanism, never a role or the topology."""
     for path in plans:
-        for v in check_runs(expand(load_plan(path), profile=profile), caps, inv):
+        plan = load_plan(path)
+        # as `tcplab run --dry-run` judges them: the builds the cache holds attached, a UML host judged on the
+        # build it would be restarted on
+        specs, _ = attach_builds(expand(plan, profile=profile),
+                                 effective_kernels(plan.kernels, profile, plan.source_dir), path.parent)
+        for v in judge(specs, caps, inv)[0]:
             counts[(path.relative_to(PROFILE_DIR.parent).as_posix(),
                     "refused" if isinstance(v, Refused) else "runnable")] += 1
             for why in v.reasons if isinstance(v, Refused) else ():

@@ -155,6 +155,14 @@ def test_kernel_groups_follow_the_run_order_and_name_the_hosts_to_restart(specs)
     assert switches_needed(unasked, caps("6.1.192-uml-0123456789"), "6.1.192-uml-home000000") == {
         HOME: list(spec.hosts)}
     assert switches_needed(unasked, caps("6.1.192-uml-0123456789")) == {}     # no lab kernel known: left alone
+    # a dry run judges a host that would be switched by its build's release, the rest of its hello as it is
+    from orchestrator.engine.kernel_switch import as_switched
+
+    now = caps("6.1.176")
+    judged = as_switched(spec, now)
+    assert {r: c.kernel_release for r, c in judged.items()} == {
+        r: "6.1.192-uml-0123456789" if r in built else "6.1.176" for r in spec.hosts}
+    assert as_switched(spec, caps("6.1.192-uml-0123456789")) == caps("6.1.192-uml-0123456789")
 
 
 def test_a_repetition_that_is_not_a_number_is_a_usage_error(tmp_path, capsys):

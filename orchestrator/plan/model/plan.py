@@ -86,6 +86,13 @@ class Plan(Strict):
         out._source_dir = directory
         return out
 
+    def __eq__(self, other: object) -> bool:
+        # the fields only: where the file was is not what the plan is (pydantic compares private attributes too)
+        return isinstance(other, Plan) and self.__dict__ == other.__dict__
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.__dict__.values()))
+
     version: Literal[1] = _f(1, "plan format version", 1)
     name: PlanName = _f(..., "plan name (first part of every run id)", "quickstart")
     description: str = _f("", "what the plan is for", "Reno vs CUBIC through an htb bottleneck")

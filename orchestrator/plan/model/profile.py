@@ -89,6 +89,14 @@ class KernelRule(Strict):
         out._stand_in = (variant, files_dir)
         return out
 
+    def __eq__(self, other: object) -> bool:
+        # the fields only: the loader's reading of `build` is not what the rule says (pydantic compares the
+        # private attributes too)
+        return isinstance(other, KernelRule) and self.__dict__ == other.__dict__
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.__dict__.values()))
+
 
 class Scaling(Strict):
     """Rates brought down to what the testbed forwards, by one factor for the whole plan (a rate sweep keeps its
