@@ -76,7 +76,13 @@ def test_every_run_has_ss_samples_of_its_data_sockets(ss_db):
                       f"{min(r.cwnd for r in data)}..{max(r.cwnd for r in data)}, rtt_us "
                       f"{sorted(r.rtt_us for r in data)[len(data) // 2]}")
                 assert len(data) >= 40, (run_id, f, len(data))     # ~4 s at 50 ms
-                assert {r.cc for r in data} == {cc}
+                # a poll in the first milliseconds can find the data socket still on the namespace's default CC
+                # (bbr on the lab machine's kernel), before iperf3's TCP_CONGESTION took: seen once in CI, the
+                # first sample 10 ms after T0 with 38 bytes acked (iperf3's cookie); the run was flagged G-CC.
+                # Never later than iperf3's opening bytes
+                early = [r for r in data if r.cc != cc]
+                assert all(r.bytes_acked is not None and r.bytes_acked < 100 for r in early), early
+                assert {r.cc for r in data if r not in early} == {cc}
                 assert all(r.cwnd > 2 and r.rtt_us > 0 and r.pacing_rate_bit > 0 for r in data)
                 assert max(r.rtt_us for r in data) > 2_000         # queueing behind htb 50 Mbit/s
                 assert data[-1].bytes_acked > 1_000_000          # not starved (shares need not be fair)
