@@ -28,7 +28,7 @@ from schemas import allowlist, protocol
 from schemas.digest import sha256_file
 
 log = logging.getLogger("tcplab.agent")
-AGENT_VERSION = "0.3.0"
+AGENT_VERSION = "0.4.0"
 CHUNK = 256 * 1024
 KEEP_RUNS = 3
 OFF_LOOP_CHARS = 64 * 1024   # frames larger than this are decoded and validated in a thread, not on the loop
