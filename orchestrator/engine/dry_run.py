@@ -16,7 +16,7 @@ from rich.table import Table
 
 from orchestrator.agent_client import AgentError
 from orchestrator.engine import capcache
-from orchestrator.engine.kernel_switch import as_switched, switches_needed
+from orchestrator.engine.kernel_switch import as_switched
 from orchestrator.engine.preflight import Refused, Verdict, check_runs
 from orchestrator.engine.runner import RunEngine
 from orchestrator.engine.selection import arm_of, kernel_label
@@ -78,9 +78,10 @@ def judge(specs: list[RunSpec], caps: dict[str, protocol.Capabilities], inv: Inv
         return check_runs(specs, caps, inv), 0
     verdicts, switched = [], 0
     for spec in specs:
-        (v,) = check_runs([spec], as_switched(spec, caps), inv)
+        judged = as_switched(spec, caps)
+        (v,) = check_runs([spec], judged, inv)
         verdicts.append(v)
-        switched += not isinstance(v, Refused) and bool(switches_needed(spec, caps))
+        switched += not isinstance(v, Refused) and judged != caps   # a host reports another release: a switch
     return verdicts, switched
 
 
